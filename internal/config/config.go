@@ -1,0 +1,400 @@
+// Package config is the coordinator's one typed configuration: every
+// variable of DESIGN.md's table, each also a --flag, with defaults filled in
+// one place and a Validate whose error names the variable and the value.
+package config
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/robfig/cron/v3"
+)
+
+// Config is read once in main and handed to each component.
+type Config struct {
+	// DatabaseURL is the Postgres DSN. COORDINATOR_DATABASE_URL, else DATABASE_URL.
+	DatabaseURL string
+
+	// LockEnabled false runs single-replica mode with the in-memory locker. Default true.
+	LockEnabled bool
+	// LockRedisURL is redis:// or rediss://. Default REDIS_URL, else redis://127.0.0.1:6379/0.
+	// Sentinel: redis://[:password@]host:port[,host:port...]/db?master_name=NAME.
+	// Cluster: redis://host:port[,host:port...].
+	LockRedisURL string
+	// LockRedisMode is single, sentinel or cluster. Default single.
+	LockRedisMode string
+	// LockKeyPrefix prefixes every Redis key. Default "coordinator".
+	LockKeyPrefix string
+	// LockWaitTime bounds how long Acquire blocks. Default 5s.
+	LockWaitTime time.Duration
+	// LockWatchdogTimeout is the TTL of watchdog-managed leases. Default 30s.
+	LockWatchdogTimeout time.Duration
+
+	// KafkaBrokers are the seed brokers. Default 127.0.0.1:9092.
+	KafkaBrokers []string
+	// KafkaCreateTopics creates missing contract topics at start. Default true.
+	KafkaCreateTopics bool
+
+	// ReplicaID is the owner id in events and locks. Default hostname-pid.
+	ReplicaID string
+	// HTTPAddr is the admin/health/metrics listener. Default :8080.
+	HTTPAddr string
+	// AdminToken guards /v1/*; empty means /v1/* answers 403.
+	AdminToken string
+
+	// ReaperSchedule is a robfig/cron spec (seconds field optional). Default "@every 30s"; empty disables.
+	ReaperSchedule string
+	// ReaperLease is the reaper's explicit lease. Default 20s.
+	ReaperLease time.Duration
+	// ReaperBatchSize is rows freed per transaction. Default 1000.
+	ReaperBatchSize int
+	// ReaperMinHold keeps the sweep lock at least this long (ShedLock's
+	// lockAtLeastFor). Default: half the schedule interval for @every specs, else 0.
+	ReaperMinHold time.Duration
+
+	// BillrunSchedule bills the previous month when it fires. Default empty (off).
+	BillrunSchedule string
+	// BillrunBatchSize is subscribers per batch transaction. Default 1000.
+	BillrunBatchSize int
+	// BillrunWorkers is the batch worker pool size. Default 4.
+	BillrunWorkers int
+
+	// ShutdownTimeout bounds graceful shutdown. Default 30s.
+	ShutdownTimeout time.Duration
+	// LogLevel is debug, info, warn or error. Default info.
+	LogLevel string
+	// LogFormat is text or json. Default text.
+	LogFormat string
+}
+
+// setting binds one variable to its flag, default and parser.
+type setting struct {
+	env    string
+	flag   string
+	usage  string
+	def    func(getenv func(string) string) string
+	apply  func(c *Config, v string) error
+	secret bool
+}
+
+func lit(s string) func(func(string) string) string {
+	return func(func(string) string) string { return s }
+}
+
+func fallback(env, def string) func(func(string) string) string {
+	return func(getenv func(string) string) string {
+		if v := getenv(env); v != "" {
+			return v
+		}
+		return def
+	}
+}
+
+func settings() []setting {
+	return []setting{
+		{env: "COORDINATOR_DATABASE_URL", flag: "database-url", usage: "Postgres DSN", def: fallback("DATABASE_URL", ""),
+			apply: func(c *Config, v string) error { c.DatabaseURL = v; return checkPostgresURL(v) }, secret: true},
+		{env: "COORDINATOR_LOCK_ENABLED", flag: "lock-enabled", usage: "false = single-replica mode with the in-memory locker", def: lit("true"),
+			apply: func(c *Config, v string) (err error) { c.LockEnabled, err = strconv.ParseBool(v); return err }},
+		{env: "COORDINATOR_LOCK_REDIS_URL", flag: "lock-redis-url", usage: "redis:// or rediss:// URL of the lock backend", def: fallback("REDIS_URL", "redis://127.0.0.1:6379/0"),
+			apply: func(c *Config, v string) error { c.LockRedisURL = v; return checkRedisURL(v) }, secret: true},
+		{env: "COORDINATOR_LOCK_REDIS_MODE", flag: "lock-redis-mode", usage: "single, sentinel or cluster", def: lit("single"),
+			apply: func(c *Config, v string) error { c.LockRedisMode = v; return oneOf(v, "single", "sentinel", "cluster") }},
+		{env: "COORDINATOR_LOCK_KEY_PREFIX", flag: "lock-key-prefix", usage: "prefix of every Redis key", def: lit("coordinator"),
+			apply: func(c *Config, v string) error { c.LockKeyPrefix = v; return checkPrefix(v) }},
+		{env: "COORDINATOR_LOCK_WAIT_TIME", flag: "lock-wait-time", usage: "max time to block acquiring", def: lit("5s"),
+			apply: func(c *Config, v string) (err error) { c.LockWaitTime, err = duration(v, 0); return err }},
+		{env: "COORDINATOR_LOCK_WATCHDOG_TIMEOUT", flag: "lock-watchdog-timeout", usage: "TTL of watchdog-managed leases", def: lit("30s"),
+			apply: func(c *Config, v string) (err error) {
+				c.LockWatchdogTimeout, err = duration(v, 300*time.Millisecond)
+				return err
+			}},
+		{env: "COORDINATOR_KAFKA_BROKERS", flag: "kafka-brokers", usage: "comma-separated seed brokers", def: lit("127.0.0.1:9092"),
+			apply: func(c *Config, v string) error { c.KafkaBrokers = splitList(v); return checkBrokers(c.KafkaBrokers) }},
+		{env: "COORDINATOR_KAFKA_CREATE_TOPICS", flag: "kafka-create-topics", usage: "create missing contract topics at start", def: lit("true"),
+			apply: func(c *Config, v string) (err error) { c.KafkaCreateTopics, err = strconv.ParseBool(v); return err }},
+		{env: "COORDINATOR_REPLICA_ID", flag: "replica-id", usage: "owner id shown in events and locks (default hostname-pid)", def: lit(""),
+			apply: func(c *Config, v string) error { c.ReplicaID = v; return checkReplicaID(v) }},
+		{env: "COORDINATOR_HTTP_ADDR", flag: "http-addr", usage: "admin API, health and metrics listener", def: lit(":8080"),
+			apply: func(c *Config, v string) error { c.HTTPAddr = v; return checkAddr(v) }},
+		{env: "COORDINATOR_ADMIN_TOKEN", flag: "admin-token", usage: "bearer token for /v1/* (unset = 403)", def: lit(""),
+			apply: func(c *Config, v string) error { c.AdminToken = v; return nil }, secret: true},
+		{env: "COORDINATOR_REAPER_SCHEDULE", flag: "reaper-schedule", usage: "robfig/cron spec of the MSISDN reaper; empty disables", def: lit("@every 30s"),
+			apply: func(c *Config, v string) error { c.ReaperSchedule = v; return checkSchedule(v) }},
+		{env: "COORDINATOR_REAPER_LEASE", flag: "reaper-lease", usage: "explicit lease of one sweep", def: lit("20s"),
+			apply: func(c *Config, v string) (err error) {
+				c.ReaperLease, err = duration(v, 100*time.Millisecond)
+				return err
+			}},
+		{env: "COORDINATOR_REAPER_BATCH_SIZE", flag: "reaper-batch-size", usage: "reservations freed per transaction", def: lit("1000"),
+			apply: func(c *Config, v string) (err error) { c.ReaperBatchSize, err = positiveInt(v, 100000); return err }},
+		{env: "COORDINATOR_REAPER_MIN_HOLD", flag: "reaper-min-hold", usage: "minimum time a sweep keeps its lock (default half the @every interval)", def: lit(""),
+			apply: func(c *Config, v string) (err error) {
+				if v == "" {
+					c.ReaperMinHold = defaultMinHold(c.ReaperSchedule)
+					return nil
+				}
+				c.ReaperMinHold, err = duration(v, 0)
+				return err
+			}},
+		{env: "COORDINATOR_BILLRUN_SCHEDULE", flag: "billrun-schedule", usage: "cron spec that bills the previous month; empty disables", def: lit(""),
+			apply: func(c *Config, v string) error { c.BillrunSchedule = v; return checkSchedule(v) }},
+		{env: "COORDINATOR_BILLRUN_BATCH_SIZE", flag: "billrun-batch-size", usage: "subscribers per batch transaction", def: lit("1000"),
+			apply: func(c *Config, v string) (err error) { c.BillrunBatchSize, err = positiveInt(v, 100000); return err }},
+		{env: "COORDINATOR_BILLRUN_WORKERS", flag: "billrun-workers", usage: "concurrent batch transactions", def: lit("4"),
+			apply: func(c *Config, v string) (err error) { c.BillrunWorkers, err = positiveInt(v, 256); return err }},
+		{env: "COORDINATOR_SHUTDOWN_TIMEOUT", flag: "shutdown-timeout", usage: "bound on graceful shutdown", def: lit("30s"),
+			apply: func(c *Config, v string) (err error) { c.ShutdownTimeout, err = duration(v, time.Second); return err }},
+		{env: "COORDINATOR_LOG_LEVEL", flag: "log-level", usage: "debug, info, warn or error", def: lit("info"),
+			apply: func(c *Config, v string) error { c.LogLevel = v; return oneOf(v, "debug", "info", "warn", "error") }},
+		{env: "COORDINATOR_LOG_FORMAT", flag: "log-format", usage: "text or json", def: lit("text"),
+			apply: func(c *Config, v string) error { c.LogFormat = v; return oneOf(v, "text", "json") }},
+	}
+}
+
+// Error names the variable (and flag) and the offending value.
+type Error struct {
+	Variable string
+	Flag     string
+	Value    string
+	Err      error
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("config: %s (--%s) = %q: %v", e.Variable, e.Flag, e.Value, e.Err)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Load reads the environment through getenv, then flags from args (a flag
+// wins over its variable), fills defaults and validates. It returns the
+// arguments left after the flags. Nothing is contacted.
+func Load(name string, args []string, getenv func(string) string) (Config, []string, error) {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	all := settings()
+	flagVals := make([]*string, len(all))
+	for i, s := range all {
+		flagVals[i] = fs.String(s.flag, "", s.usage+" ($"+s.env+")")
+	}
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage of coordinator %s:\n", name)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return Config{}, nil, err
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+
+	var c Config
+	for i, s := range all {
+		v := getenv(s.env)
+		if set[s.flag] {
+			v = *flagVals[i]
+		} else if v == "" {
+			v = s.def(getenv)
+		}
+		if err := s.apply(&c, v); err != nil {
+			shown := v
+			if s.secret {
+				shown = redact(v)
+			}
+			return Config{}, nil, &Error{Variable: s.env, Flag: s.flag, Value: shown, Err: err}
+		}
+	}
+	if c.ReplicaID == "" {
+		host, _ := os.Hostname()
+		c.ReplicaID = fmt.Sprintf("%s-%d", cmpOr(host, "replica"), os.Getpid())
+	}
+	return c, fs.Args(), c.validate()
+}
+
+// validate checks rules that span variables.
+func (c Config) validate() error {
+	if c.LockWaitTime > c.LockWatchdogTimeout*10 {
+		return &Error{Variable: "COORDINATOR_LOCK_WAIT_TIME", Flag: "lock-wait-time", Value: c.LockWaitTime.String(),
+			Err: fmt.Errorf("must not exceed 10x COORDINATOR_LOCK_WATCHDOG_TIMEOUT (%s)", c.LockWatchdogTimeout)}
+	}
+	return nil
+}
+
+// RequireDatabase returns an error naming the variable when no DSN is set.
+func (c Config) RequireDatabase() error {
+	if c.DatabaseURL == "" {
+		return &Error{Variable: "COORDINATOR_DATABASE_URL", Flag: "database-url", Value: "",
+			Err: errors.New("required (or DATABASE_URL)")}
+	}
+	return nil
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+func duration(v string, min time.Duration) (time.Duration, error) {
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return 0, fmt.Errorf("not a duration (examples: 500ms, 5s, 1m)")
+	}
+	if d < min {
+		return 0, fmt.Errorf("must be at least %s", min)
+	}
+	return d, nil
+}
+
+func positiveInt(v string, max int) (int, error) {
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return 0, errors.New("not an integer")
+	}
+	if n < 1 || n > max {
+		return 0, fmt.Errorf("must be between 1 and %d", max)
+	}
+	return n, nil
+}
+
+func oneOf(v string, allowed ...string) error {
+	for _, a := range allowed {
+		if v == a {
+			return nil
+		}
+	}
+	return fmt.Errorf("must be one of %s", strings.Join(allowed, ", "))
+}
+
+func splitList(v string) []string {
+	var out []string
+	for _, p := range strings.Split(v, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func checkBrokers(bs []string) error {
+	if len(bs) == 0 {
+		return errors.New("at least one broker is required")
+	}
+	for _, b := range bs {
+		if i := strings.LastIndexByte(b, ':'); i <= 0 || i == len(b)-1 {
+			return fmt.Errorf("broker %q is not host:port", b)
+		} else if _, err := strconv.ParseUint(b[i+1:], 10, 16); err != nil {
+			return fmt.Errorf("broker %q has a bad port", b)
+		}
+	}
+	return nil
+}
+
+func checkPostgresURL(v string) error {
+	if v == "" {
+		return nil // required only by commands that touch Postgres
+	}
+	if strings.HasPrefix(v, "postgres://") || strings.HasPrefix(v, "postgresql://") {
+		if _, err := url.Parse(v); err != nil {
+			return errors.New("not a valid URL")
+		}
+		return nil
+	}
+	if strings.Contains(v, "=") { // keyword/value DSN
+		return nil
+	}
+	return errors.New("must be a postgres:// URL or a key=value DSN")
+}
+
+func checkRedisURL(v string) error {
+	u, err := url.Parse(v)
+	if err != nil {
+		return errors.New("not a valid URL")
+	}
+	if u.Scheme != "redis" && u.Scheme != "rediss" {
+		return errors.New("scheme must be redis:// or rediss://")
+	}
+	if u.Host == "" {
+		return errors.New("missing host")
+	}
+	return nil
+}
+
+func checkPrefix(v string) error {
+	if v == "" || strings.ContainsAny(v, "{} \t\n") {
+		return errors.New("must be non-empty without braces or whitespace")
+	}
+	return nil
+}
+
+func checkReplicaID(v string) error {
+	if len(v) > 128 || strings.ContainsAny(v, " \t\n") {
+		return errors.New("must be at most 128 characters without whitespace")
+	}
+	return nil
+}
+
+func checkAddr(v string) error {
+	i := strings.LastIndexByte(v, ':')
+	if i < 0 {
+		return errors.New("must be host:port or :port")
+	}
+	if _, err := strconv.ParseUint(v[i+1:], 10, 16); err != nil {
+		return errors.New("bad port")
+	}
+	return nil
+}
+
+// CronParser accepts an optional seconds field, descriptors (@every 30s,
+// @hourly) and CRON_TZ=/TZ= prefixes.
+var CronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
+
+func checkSchedule(v string) error {
+	if v == "" {
+		return nil
+	}
+	if _, err := CronParser.Parse(v); err != nil {
+		return fmt.Errorf("not a cron spec: %v", err)
+	}
+	return nil
+}
+
+func defaultMinHold(schedule string) time.Duration {
+	const every = "@every "
+	if !strings.HasPrefix(schedule, every) {
+		return 0
+	}
+	d, err := time.ParseDuration(strings.TrimPrefix(schedule, every))
+	if err != nil {
+		return 0
+	}
+	return d / 2
+}
+
+func redact(v string) string {
+	if v == "" {
+		return ""
+	}
+	if u, err := url.Parse(v); err == nil && u.User != nil {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), "REDACTED")
+			return u.String()
+		}
+		return v
+	}
+	if strings.Contains(v, "password=") {
+		return "REDACTED"
+	}
+	if strings.Contains(v, "://") {
+		return v
+	}
+	return "REDACTED"
+}
