@@ -5,6 +5,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -91,15 +93,36 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, "each flag is also a COORDINATOR_* environment variable.")
 }
 
-// loadConfig parses the shared configuration flags of a command. On error it
-// prints a message naming the variable and returns the exit code to use.
-func loadConfig(cio cliIO, name string, args []string) (config.Config, []string, int) {
-	cfg, rest, err := config.Load(name, args, cio.getenv)
+// newFlagSet returns a FlagSet for a command; its errors go to stderr.
+func newFlagSet(cio cliIO, name string) *flag.FlagSet {
+	fs := flag.NewFlagSet("coordinator "+name, flag.ContinueOnError)
+	fs.SetOutput(cio.stderr)
+	return fs
+}
+
+// parseConfig binds the shared configuration flags to fs (which may already
+// hold the command's own flags), parses args and loads the configuration. On
+// error it prints a message naming the variable or flag and returns the exit
+// code to use (64); otherwise it returns the positional arguments.
+func parseConfig(cio cliIO, fs *flag.FlagSet, args []string) (config.Config, []string, int) {
+	b := config.Bind(fs, cio.getenv)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return config.Config{}, nil, job.ExitUsage
+		}
+		return config.Config{}, nil, job.ExitUsage // fs already printed the error
+	}
+	cfg, err := b.Config()
 	if err != nil {
-		fmt.Fprintf(cio.stderr, "coordinator %s: %v\n", name, err)
+		fmt.Fprintf(cio.stderr, "%s: %v\n", fs.Name(), err)
 		return config.Config{}, nil, job.ExitUsage
 	}
-	return cfg, rest, 0
+	return cfg, fs.Args(), 0
+}
+
+// loadConfig is parseConfig for commands with no flags of their own.
+func loadConfig(cio cliIO, name string, args []string) (config.Config, []string, int) {
+	return parseConfig(cio, newFlagSet(cio, name), args)
 }
 
 // newLogger builds the process logger from the configuration; it writes to w.

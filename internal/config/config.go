@@ -172,50 +172,64 @@ func (e *Error) Error() string {
 
 func (e *Error) Unwrap() error { return e.Err }
 
-// Load reads the environment through getenv, then flags from args (a flag
-// wins over its variable), fills defaults and validates. It returns the
-// arguments left after the flags. Nothing is contacted.
-func Load(name string, args []string, getenv func(string) string) (Config, []string, error) {
+// Binding ties the configuration flags to a FlagSet that may carry a
+// command's own flags too.
+type Binding struct {
+	fs     *flag.FlagSet
+	getenv func(string) string
+	vals   []*string
+}
+
+// Bind adds every configuration flag to fs. After fs.Parse, call Config.
+func Bind(fs *flag.FlagSet, getenv func(string) string) *Binding {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	all := settings()
-	flagVals := make([]*string, len(all))
-	for i, s := range all {
-		flagVals[i] = fs.String(s.flag, "", s.usage+" ($"+s.env+")")
+	b := &Binding{fs: fs, getenv: getenv}
+	for _, s := range settings() {
+		b.vals = append(b.vals, fs.String(s.flag, "", s.usage+" ($"+s.env+")"))
 	}
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage of coordinator %s:\n", name)
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		return Config{}, nil, err
-	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	return b
+}
 
+// Config reads the environment, then the parsed flags (a flag wins over its
+// variable), fills defaults and validates. Nothing is contacted.
+func (b *Binding) Config() (Config, error) {
+	set := map[string]bool{}
+	b.fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	var c Config
-	for i, s := range all {
-		v := getenv(s.env)
+	for i, s := range settings() {
+		v := b.getenv(s.env)
 		if set[s.flag] {
-			v = *flagVals[i]
+			v = *b.vals[i]
 		} else if v == "" {
-			v = s.def(getenv)
+			v = s.def(b.getenv)
 		}
 		if err := s.apply(&c, v); err != nil {
 			shown := v
 			if s.secret {
 				shown = redact(v)
 			}
-			return Config{}, nil, &Error{Variable: s.env, Flag: s.flag, Value: shown, Err: err}
+			return Config{}, &Error{Variable: s.env, Flag: s.flag, Value: shown, Err: err}
 		}
 	}
 	if c.ReplicaID == "" {
 		host, _ := os.Hostname()
 		c.ReplicaID = fmt.Sprintf("%s-%d", cmpOr(host, "replica"), os.Getpid())
 	}
-	return c, fs.Args(), c.validate()
+	return c, c.validate()
+}
+
+// Load is Bind plus Parse for commands with no flags of their own. It returns
+// the arguments left after the flags.
+func Load(name string, args []string, getenv func(string) string) (Config, []string, error) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	b := Bind(fs, getenv)
+	if err := fs.Parse(args); err != nil {
+		return Config{}, nil, err
+	}
+	c, err := b.Config()
+	return c, fs.Args(), err
 }
 
 // validate checks rules that span variables.

@@ -65,9 +65,11 @@ func (o Outcome) ExitCode() int {
 }
 
 // Handled reports whether a trigger with this outcome is finished with, so a
-// Kafka offset may be committed. An unavailable backend is not: the trigger
-// is retried so nothing is lost.
-func (o Outcome) Handled() bool { return o != OutcomeUnavailable }
+// Kafka offset may be committed. Unavailable (the lock backend was down) and
+// lost (ownership ended mid-run, e.g. on shutdown) are not: the trigger is
+// redelivered, and a redelivery resumes or finds the run already completed,
+// so nothing is lost.
+func (o Outcome) Handled() bool { return o != OutcomeUnavailable && o != OutcomeLost }
 
 // Result is the one JSON object `coordinator run` prints.
 type Result struct {
