@@ -40,6 +40,11 @@ type Config struct {
 	KafkaBrokers []string
 	// KafkaCreateTopics creates missing contract topics at start. Default true.
 	KafkaCreateTopics bool
+	// KafkaGroup is the trigger consumer group. Default "coordinator".
+	KafkaGroup string
+	// KafkaTopicPrefix is prepended to every contract topic name. Default
+	// empty; tests and shared clusters set it to isolate one deployment.
+	KafkaTopicPrefix string
 
 	// ReplicaID is the owner id in events and locks. Default hostname-pid.
 	ReplicaID string
@@ -119,6 +124,16 @@ func settings() []setting {
 			apply: func(c *Config, v string) error { c.KafkaBrokers = splitList(v); return checkBrokers(c.KafkaBrokers) }},
 		{env: "COORDINATOR_KAFKA_CREATE_TOPICS", flag: "kafka-create-topics", usage: "create missing contract topics at start", def: lit("true"),
 			apply: func(c *Config, v string) (err error) { c.KafkaCreateTopics, err = strconv.ParseBool(v); return err }},
+		{env: "COORDINATOR_KAFKA_GROUP", flag: "kafka-group", usage: "consumer group of the trigger consumer", def: lit("coordinator"),
+			apply: func(c *Config, v string) error { c.KafkaGroup = v; return checkName(v) }},
+		{env: "COORDINATOR_KAFKA_TOPIC_PREFIX", flag: "kafka-topic-prefix", usage: "prefix of every contract topic (isolates tests and tenants)", def: lit(""),
+			apply: func(c *Config, v string) error {
+				c.KafkaTopicPrefix = v
+				if v == "" {
+					return nil
+				}
+				return checkName(v)
+			}},
 		{env: "COORDINATOR_REPLICA_ID", flag: "replica-id", usage: "owner id shown in events and locks (default hostname-pid)", def: lit(""),
 			apply: func(c *Config, v string) error { c.ReplicaID = v; return checkReplicaID(v) }},
 		{env: "COORDINATOR_HTTP_ADDR", flag: "http-addr", usage: "admin API, health and metrics listener", def: lit(":8080"),
@@ -352,6 +367,19 @@ func checkPrefix(v string) error {
 func checkReplicaID(v string) error {
 	if len(v) > 128 || strings.ContainsAny(v, " \t\n") {
 		return errors.New("must be at most 128 characters without whitespace")
+	}
+	return nil
+}
+
+// checkName accepts Kafka's topic/group character set.
+func checkName(v string) error {
+	if v == "" || len(v) > 200 {
+		return errors.New("must be 1 to 200 characters")
+	}
+	for _, r := range v {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
+			return fmt.Errorf("character %q not allowed (use A-Z a-z 0-9 . _ -)", r)
+		}
 	}
 	return nil
 }
