@@ -72,7 +72,7 @@ func runMigrate(ctx context.Context, cio cliIO, args []string) int {
 			fmt.Fprintf(cio.stdout, "migrate %s: nothing to do\n", rest[0])
 		}
 		for _, a := range done {
-			fmt.Fprintf(cio.stdout, "%s %05d %s (%s)\n", verb, a.Version, a.Name, a.Took)
+			fmt.Fprintf(cio.stdout, "%s %s (%s)\n", verb, a.Name, a.Took)
 		}
 		return 0
 	}
