@@ -197,7 +197,13 @@ func WithLock(ctx context.Context, l Locker, key string, lease time.Duration, fn
 	if err != nil {
 		return err
 	}
-	fnErr := fn(held.Context())
+	// fn also stops when the caller's ctx is cancelled (shutdown), not only
+	// when the lease is lost.
+	fnCtx, cancelFn := context.WithCancelCause(held.Context())
+	stop := context.AfterFunc(ctx, func() { cancelFn(context.Cause(ctx)) })
+	fnErr := fn(fnCtx)
+	stop()
+	cancelFn(nil)
 	if lostErr := held.Err(); errors.Is(lostErr, ErrLeaseLost) {
 		return errors.Join(lostErr, fnErr)
 	}
