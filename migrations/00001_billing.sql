@@ -46,6 +46,7 @@ create table bill_runs (
     invoices_created bigint  not null default 0,
     already_invoiced bigint  not null default 0,
     attempts         integer not null default 0,
+    -- started_at is the latest claim's time; attempts counts claims.
     started_at       timestamptz,
     finished_at      timestamptz,
     updated_at       timestamptz not null default now(),
@@ -62,7 +63,8 @@ create table bill_run_batches (
     subscribers      integer not null,
     invoices_created integer not null,
     already_invoiced integer not null,
-    committed_at     timestamptz not null default now(),
+    -- clock_timestamp(), not now(): the moment the batch wrote, not its transaction's start.
+    committed_at     timestamptz not null default clock_timestamp(),
     primary key (period, first_id),
     check (first_id <= last_id)
 );

@@ -1,0 +1,107 @@
+package billrun
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/telco-platform/coordinator/internal/job"
+)
+
+// Metrics are the bill run's Prometheus series (prefix coordinator_billrun_).
+// A nil *Metrics is valid and records nothing.
+type Metrics struct {
+	runs        *prometheus.CounterVec
+	batches     *prometheus.CounterVec
+	phase       *prometheus.HistogramVec
+	invoices    prometheus.Counter
+	already     prometheus.Counter
+	conflicts   prometheus.Counter
+	runningRuns prometheus.Gauge
+}
+
+// Batch phases timed by coordinator_billrun_batch_phase_seconds.
+const (
+	PhaseBegin      = "begin"
+	PhaseFenceCheck = "fence_check"
+	PhaseInsert     = "insert"
+	PhaseRecord     = "record"
+	PhaseCommit     = "commit"
+)
+
+// NewMetrics creates the series and registers them on reg (nil: not registered).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "coordinator_billrun_runs_total",
+			Help: "Bill runs by outcome (completed, already_completed, already_owned, unavailable, lost, failed).",
+		}, []string{"outcome"}),
+		batches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "coordinator_billrun_batches_total",
+			Help: "Batch transactions by result (committed, retried, fence_lost, failed, skipped).",
+		}, []string{"result"}),
+		phase: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "coordinator_billrun_batch_phase_seconds",
+			Help:    "Time spent in each phase of a batch transaction (begin, fence_check, insert, record, commit).",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 12),
+		}, []string{"phase"}),
+		invoices: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "coordinator_billrun_invoices_created_total",
+			Help: "Invoices inserted by bill runs.",
+		}),
+		already: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "coordinator_billrun_already_invoiced_total",
+			Help: "Subscribers found already invoiced for the period (ON CONFLICT DO NOTHING).",
+		}),
+		conflicts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "coordinator_billrun_unique_violations_total",
+			Help: "Unique violations (SQLSTATE 23505) that escaped ON CONFLICT in a batch.",
+		}),
+		runningRuns: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "coordinator_billrun_running",
+			Help: "Bill runs this replica is executing now.",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.runs, m.batches, m.phase, m.invoices, m.already, m.conflicts, m.runningRuns)
+	}
+	return m
+}
+
+func (m *Metrics) outcome(o job.Outcome) {
+	if m != nil {
+		m.runs.WithLabelValues(string(o)).Inc()
+	}
+}
+
+func (m *Metrics) batch(result string, n int) {
+	if m != nil && n > 0 {
+		m.batches.WithLabelValues(result).Add(float64(n))
+	}
+}
+
+func (m *Metrics) observePhase(phase string, d time.Duration) {
+	if m != nil {
+		m.phase.WithLabelValues(phase).Observe(d.Seconds())
+	}
+}
+
+func (m *Metrics) committed(created, already int64) {
+	if m != nil {
+		m.batches.WithLabelValues("committed").Inc()
+		m.invoices.Add(float64(created))
+		m.already.Add(float64(already))
+	}
+}
+
+func (m *Metrics) uniqueViolation() {
+	if m != nil {
+		m.conflicts.Inc()
+	}
+}
+
+func (m *Metrics) running(delta float64) {
+	if m != nil {
+		m.runningRuns.Add(delta)
+	}
+}

@@ -1,0 +1,3 @@
+package billrun_test
+
+func cleanupBinary() {}

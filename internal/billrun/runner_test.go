@@ -1,0 +1,413 @@
+package billrun_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/telco-platform/coordinator/internal/billrun"
+	"github.com/telco-platform/coordinator/internal/events"
+	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/ownership"
+	"github.com/telco-platform/coordinator/internal/testenv"
+)
+
+var period = billrun.Period{Year: 2026, Month: time.November}
+
+// bundle is one test's world: its own schema, a memory locker and an event recorder.
+type bundle struct {
+	pool   *pgxpool.Pool
+	locker *ownership.MemoryLocker
+	rec    *events.Recorder
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	pg := testenv.Postgres(t)
+	l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "replica-a", WaitTime: 50 * time.Millisecond, WatchdogTimeout: 600 * time.Millisecond})
+	t.Cleanup(func() { _ = l.Close() })
+	return &bundle{pool: pg.Pool, locker: l, rec: &events.Recorder{}}
+}
+
+func (b *bundle) runner(cfg billrun.Config) *billrun.Runner {
+	return b.runnerWith(b.locker, cfg)
+}
+
+func (b *bundle) runnerWith(l ownership.Locker, cfg billrun.Config) *billrun.Runner {
+	if cfg.BatchSize == 0 {
+		cfg.BatchSize = 25
+	}
+	if cfg.RetryBackoff == 0 {
+		cfg.RetryBackoff = 10 * time.Millisecond
+	}
+	return billrun.New(b.pool, l, b.rec, cfg)
+}
+
+func (b *bundle) seed(t *testing.T, cfg billrun.SeedConfig) billrun.SeedResult {
+	t.Helper()
+	if !cfg.Period.Valid() {
+		cfg.Period = period
+	}
+	res, err := billrun.Seed(context.Background(), b.pool, cfg)
+	require.NoError(t, err)
+	return res
+}
+
+func (b *bundle) count(t *testing.T, sql string, args ...any) int64 {
+	t.Helper()
+	var n int64
+	require.NoError(t, b.pool.QueryRow(context.Background(), sql, args...).Scan(&n))
+	return n
+}
+
+// requireExactlyOnce checks every ACTIVE subscriber has exactly one invoice
+// for the period and nobody else has one.
+func (b *bundle) requireExactlyOnce(t *testing.T, p billrun.Period) {
+	t.Helper()
+	active := b.count(t, `select count(*) from subscribers where status = 'ACTIVE'`)
+	require.Equal(t, active, b.count(t, `select count(*) from invoices where period = $1`, p.String()), "one invoice per ACTIVE subscriber")
+	require.Equal(t, int64(0), b.count(t, `
+		select count(*) from subscribers s
+		where s.status = 'ACTIVE' and (select count(*) from invoices i where i.subscriber_id = s.id and i.period = $1) <> 1`, p.String()))
+	require.Equal(t, int64(0), b.count(t, `
+		select count(*) from invoices i join subscribers s on s.id = i.subscriber_id
+		where i.period = $1 and s.status <> 'ACTIVE'`, p.String()), "no SUSPENDED or TERMINATED subscriber is invoiced")
+}
+
+func trig() job.Trigger { return job.Trigger{Source: job.SourceCLI, RequestID: events.NewID()} }
+
+func types(evs []events.Event) []events.Type {
+	out := make([]events.Type, len(evs))
+	for i, e := range evs {
+		out[i] = e.Type
+	}
+	return out
+}
+
+func TestRunBillsActiveSubscribersWithUsage(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	seeded := b.seed(t, billrun.SeedConfig{Subscribers: 300, SuspendedRatio: 0.2, TerminatedRatio: 0.1, Usage: true})
+	require.Positive(t, seeded.Suspended)
+	require.Positive(t, seeded.Terminated)
+	require.Positive(t, seeded.UsageCharges)
+	// Usage of another period must not be billed.
+	_, err := b.pool.Exec(context.Background(), `insert into usage_charges (subscriber_id, period, amount_cents) select id, '2026-10', 100000 from subscribers`)
+	require.NoError(t, err)
+
+	tr := trig()
+	res := b.runner(billrun.Config{Workers: 3}).Run(context.Background(), period, tr)
+	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
+	require.Equal(t, "billrun", res.Job)
+	require.Equal(t, "billrun:2026-11", res.Key)
+	require.Equal(t, "replica-a", res.Replica)
+	require.Equal(t, "replica-a", res.Owner)
+	require.Equal(t, int64(1), res.Fence)
+	require.Equal(t, tr.RequestID, res.RequestID)
+	require.Equal(t, seeded.Active, res.Counts["subscribers"])
+	require.Equal(t, seeded.Active, res.Counts["invoices_created"])
+	require.Equal(t, int64(0), res.Counts["already_invoiced"])
+	wantBatches := (seeded.Active + 24) / 25
+	require.Equal(t, wantBatches, res.Counts["batches_total"])
+	require.Equal(t, wantBatches, res.Counts["batches_committed"])
+	require.Equal(t, int64(0), res.Counts["batches_skipped"])
+	b.requireExactlyOnce(t, period)
+
+	// amount = monthly fee + this period's usage, for every invoice.
+	require.Equal(t, int64(0), b.count(t, `
+		select count(*) from invoices i join subscribers s on s.id = i.subscriber_id
+		where i.period = $1 and i.amount_cents <> s.monthly_fee_cents +
+		      coalesce((select sum(u.amount_cents) from usage_charges u where u.subscriber_id = s.id and u.period = $1), 0)`, period.String()))
+	require.Positive(t, b.count(t, `
+		select count(*) from invoices i join subscribers s on s.id = i.subscriber_id
+		where i.period = $1 and i.amount_cents > s.monthly_fee_cents`, period.String()), "some invoices carry usage")
+
+	st, err := b.runner(billrun.Config{}).Status(context.Background(), period)
+	require.NoError(t, err)
+	require.Equal(t, billrun.StatusCompleted, st.Status)
+	require.Equal(t, "replica-a", st.Owner)
+	require.Equal(t, int64(1), st.Fence)
+	require.Equal(t, seeded.Active, st.Counts["invoices_created"])
+	require.Equal(t, wantBatches, st.Counts["batches_committed"])
+	require.NotNil(t, st.StartedAt)
+	require.NotNil(t, st.FinishedAt)
+	require.Empty(t, st.LastError)
+
+	require.Equal(t, []events.Type{events.OwnershipAcquired, events.RunCompleted, events.OwnershipReleased}, types(b.rec.Events()))
+	done := b.rec.OfType(events.RunCompleted)[0]
+	require.Equal(t, "billrun:2026-11", done.Key)
+	require.Equal(t, "cli", done.Trigger)
+	require.Equal(t, tr.RequestID, done.RequestID)
+	require.Equal(t, int64(1), done.Fence)
+	require.Equal(t, seeded.Active, done.Extra["invoices_created"])
+	locks, err := b.locker.Locks(context.Background())
+	require.NoError(t, err)
+	require.Empty(t, locks, "the lock is released")
+}
+
+func TestStatusNotFound(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.runner(billrun.Config{}).Status(context.Background(), period)
+	require.ErrorIs(t, err, billrun.ErrNotFound)
+}
+
+func TestRerunAfterCompletionWritesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.seed(t, billrun.SeedConfig{Subscribers: 120, SuspendedRatio: 0.1})
+	r := b.runner(billrun.Config{})
+	require.Equal(t, job.OutcomeCompleted, r.Run(context.Background(), period, trig()).Outcome)
+	snapshot := func() [4]int64 {
+		return [4]int64{
+			b.count(t, `select count(*) from invoices`),
+			b.count(t, `select coalesce(max(id), 0) from invoices`),
+			b.count(t, `select count(*) from bill_run_batches`),
+			b.count(t, `select fence * 1000 + attempts from bill_runs`),
+		}
+	}
+	before := snapshot()
+	b.rec = &events.Recorder{}
+	res := b.runner(billrun.Config{}).Run(context.Background(), period, trig())
+	require.Equal(t, job.OutcomeAlreadyCompleted, res.Outcome, res.Error)
+	require.Equal(t, 0, res.Outcome.ExitCode())
+	require.Equal(t, int64(1), res.Fence)
+	require.Equal(t, before, snapshot(), "an already completed run writes nothing")
+	require.Equal(t, []events.Type{events.OwnershipAcquired, events.RunAlreadyCompleted, events.OwnershipReleased}, types(b.rec.Events()))
+	require.Equal(t, before[0], b.rec.OfType(events.RunAlreadyCompleted)[0].Extra["period_invoices_created"])
+}
+
+func TestPreexistingInvoicesAreReportedAsAlreadyInvoiced(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.seed(t, billrun.SeedConfig{Subscribers: 200, SuspendedRatio: 0.25})
+	// 17 ACTIVE subscribers were invoiced by someone else (the old service).
+	_, err := b.pool.Exec(context.Background(), `
+		insert into invoices (subscriber_id, period, amount_cents)
+		select id, $1, 1 from subscribers where status = 'ACTIVE' order by id desc limit 17`, period.String())
+	require.NoError(t, err)
+	res := b.runner(billrun.Config{ConflictSample: 5}).Run(context.Background(), period, trig())
+	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
+	active := b.count(t, `select count(*) from subscribers where status = 'ACTIVE'`)
+	require.Equal(t, int64(17), res.Counts["already_invoiced"])
+	require.Equal(t, active-17, res.Counts["invoices_created"])
+	require.Equal(t, active, res.Counts["subscribers"])
+	b.requireExactlyOnce(t, period)
+	require.Equal(t, int64(17), b.count(t, `select count(*) from invoices where period = $1 and amount_cents = 1`, period.String()), "existing invoices are untouched")
+
+	conflicts := b.rec.OfType(events.BillrunInvoiceConflict)
+	require.Len(t, conflicts, 1)
+	require.Equal(t, int64(17), conflicts[0].Extra["already_invoiced"])
+	sample := conflicts[0].Extra["sample"].([]int64)
+	require.Len(t, sample, 5)
+	for _, id := range sample {
+		require.Equal(t, int64(1), b.count(t, `select count(*) from invoices where subscriber_id = $1 and period = $2 and amount_cents = 1`, id, period.String()), "sample id %d was pre-invoiced", id)
+	}
+	st, err := b.runner(billrun.Config{}).Status(context.Background(), period)
+	require.NoError(t, err)
+	require.Equal(t, int64(17), st.Counts["already_invoiced"])
+}
+
+func TestConcurrentRunnersOneOwner(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.seed(t, billrun.SeedConfig{Subscribers: 400, TerminatedRatio: 0.2})
+	var wg sync.WaitGroup
+	results := make([]job.Result, 3)
+	for i := range results {
+		r := b.runner(billrun.Config{ReplicaID: fmt.Sprintf("replica-%d", i), BatchSize: 10})
+		wg.Go(func() { results[i] = r.Run(context.Background(), period, trig()) })
+	}
+	wg.Wait()
+	byOutcome := map[job.Outcome]int{}
+	for _, r := range results {
+		byOutcome[r.Outcome]++
+		require.Contains(t, []job.Outcome{job.OutcomeCompleted, job.OutcomeAlreadyOwned, job.OutcomeAlreadyCompleted}, r.Outcome, r.Error)
+		if r.Outcome == job.OutcomeAlreadyOwned {
+			require.Equal(t, "replica-a", r.Owner, "already_owned names the lock owner")
+		}
+	}
+	require.Equal(t, 1, byOutcome[job.OutcomeCompleted], "%+v", results)
+	b.requireExactlyOnce(t, period)
+	require.Len(t, b.rec.OfType(events.RunCompleted), 1)
+	require.Len(t, b.rec.OfType(events.OwnershipAlreadyOwned), byOutcome[job.OutcomeAlreadyOwned])
+}
+
+func TestAlreadyOwnedAndUnavailableRunNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.seed(t, billrun.SeedConfig{Subscribers: 20})
+	held, err := b.locker.Acquire(context.Background(), billrun.LockKey(period), 0)
+	require.NoError(t, err)
+	res := b.runner(billrun.Config{}).Run(context.Background(), period, trig())
+	require.Equal(t, job.OutcomeAlreadyOwned, res.Outcome)
+	require.Equal(t, job.ExitAlreadyOwned, res.Outcome.ExitCode())
+	require.Equal(t, "replica-a", res.Owner)
+	ev := b.rec.OfType(events.OwnershipAlreadyOwned)
+	require.Len(t, ev, 1)
+	require.Equal(t, "replica-a", ev[0].Owner)
+	require.NoError(t, held.Release(context.Background()))
+
+	b.locker.SetUnavailable(true)
+	res = b.runner(billrun.Config{}).Run(context.Background(), period, trig())
+	require.Equal(t, job.OutcomeUnavailable, res.Outcome)
+	require.Equal(t, job.ExitUnavailable, res.Outcome.ExitCode())
+	require.Len(t, b.rec.OfType(events.OwnershipUnavailable), 1)
+	require.Equal(t, int64(0), b.count(t, `select count(*) from bill_runs`), "nothing ran")
+	require.Equal(t, int64(0), b.count(t, `select count(*) from invoices`))
+}
+
+// stopAfter returns a BeforeBatch hook that calls fn once, when batch n+1 is
+// about to start, and then waits for the run's context to end.
+func stopAfter(n int64, fn func()) func(ctx context.Context, first, last int64) error {
+	var started atomic.Int64
+	return func(ctx context.Context, first, last int64) error {
+		if started.Add(1) <= n {
+			return nil
+		}
+		if started.Load() == n+1 {
+			fn()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Second):
+			return errors.New("test: the run was not stopped")
+		}
+	}
+}
+
+func TestLeaseLossInterruptsAndANewRunResumes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.seed(t, billrun.SeedConfig{Subscribers: 500, SuspendedRatio: 0.1})
+	key := billrun.LockKey(period)
+	r := b.runner(billrun.Config{Workers: 1, BeforeBatch: stopAfter(3, func() { b.locker.DeleteLock(key) })})
+	res := r.Run(context.Background(), period, trig())
+	require.Equal(t, job.OutcomeLost, res.Outcome, res.Error)
+	require.Equal(t, job.ExitLost, res.Outcome.ExitCode())
+	require.Equal(t, int64(3), res.Counts["batches_committed"])
+	lost := b.rec.OfType(events.OwnershipLost)
+	require.Len(t, lost, 1)
+	require.Equal(t, billrun.ReasonLeaseLost, lost[0].Extra["reason"])
+	st, err := r.Status(context.Background(), period)
+	require.NoError(t, err)
+	require.Equal(t, billrun.StatusInterrupted, st.Status)
+	require.Equal(t, int64(3), st.Counts["batches_committed"])
+	require.Equal(t, int64(3), b.count(t, `select count(*) from bill_run_batches`))
+
+	res = b.runner(billrun.Config{}).Run(context.Background(), period, trig())
+	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
+	require.Equal(t, int64(2), res.Fence)
+	require.Equal(t, int64(3), res.Counts["batches_skipped"])
+	require.Equal(t, res.Counts["batches_total"], res.Counts["batches_skipped"]+res.Counts["batches_committed"])
+	require.Equal(t, int64(0), res.Counts["already_invoiced"], "resume re-bills nobody")
+	b.requireExactlyOnce(t, period)
+}
+
+func TestShutdownInterruptsAndReleases(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.seed(t, billrun.SeedConfig{Subscribers: 200})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r := b.runner(billrun.Config{Workers: 2, BeforeBatch: stopAfter(2, cancel)})
+	c, res := r.Claim(ctx, period, trig())
+	require.NotNil(t, c, res.Error)
+	require.Equal(t, int64(1), c.Fence())
+	res = c.Execute(ctx)
+	require.Equal(t, job.OutcomeLost, res.Outcome, res.Error)
+	lost := b.rec.OfType(events.OwnershipLost)
+	require.Len(t, lost, 1)
+	require.Equal(t, billrun.ReasonShutdown, lost[0].Extra["reason"])
+	st, err := r.Status(context.Background(), period)
+	require.NoError(t, err)
+	require.Equal(t, billrun.StatusInterrupted, st.Status)
+	require.Contains(t, st.LastError, "shutdown")
+	locks, err := b.locker.Locks(context.Background())
+	require.NoError(t, err)
+	require.Empty(t, locks, "shutdown releases the lock")
+	require.Equal(t, job.OutcomeFailed, c.Execute(context.Background()).Outcome, "Execute runs once")
+}
+
+// A claim whose fence was superseded (its process paused, another replica
+// claimed) cannot commit a single batch.
+func TestStaleFenceCannotCommit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.seed(t, billrun.SeedConfig{Subscribers: 100})
+	stale, res := b.runner(billrun.Config{}).Claim(context.Background(), period, trig())
+	require.NotNil(t, stale, res.Error)
+
+	// Another process (its own locker: the stale one's Redis lease expired).
+	other := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "replica-b"})
+	defer other.Close()
+	fresh, res := b.runnerWith(other, billrun.Config{}).Claim(context.Background(), period, trig())
+	require.NotNil(t, fresh, res.Error)
+	require.Equal(t, int64(2), fresh.Fence())
+
+	res = stale.Execute(context.Background())
+	require.Equal(t, job.OutcomeLost, res.Outcome, res.Error)
+	require.Equal(t, int64(0), res.Counts["batches_committed"])
+	require.Equal(t, billrun.ReasonFenceLost, b.rec.OfType(events.OwnershipLost)[0].Extra["reason"])
+	require.Equal(t, int64(0), b.count(t, `select count(*) from invoices`))
+	require.Equal(t, int64(0), b.count(t, `select count(*) from bill_run_batches`))
+	st, err := b.runner(billrun.Config{}).Status(context.Background(), period)
+	require.NoError(t, err)
+	require.Equal(t, billrun.StatusRunning, st.Status, "the stale owner does not touch the new claim")
+	require.Equal(t, "replica-b", st.Owner)
+
+	res = fresh.Execute(context.Background())
+	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
+	b.requireExactlyOnce(t, period)
+	require.Equal(t, int64(0), b.count(t, `select count(*) from bill_run_batches where fence <> 2`))
+}
+
+// An identity collision raises 23505 on invoices_pkey, which ON CONFLICT
+// (subscriber_id, period) does not cover: it is reported as an invoice
+// conflict and the batch is retried with fresh ids.
+func TestEscapedUniqueViolationIsReportedAndRetried(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.seed(t, billrun.SeedConfig{Subscribers: 60})
+	_, err := b.pool.Exec(context.Background(), `insert into invoices (id, subscriber_id, period, amount_cents) values (5, 999999, '2001-01', 1)`)
+	require.NoError(t, err)
+	res := b.runner(billrun.Config{Workers: 1}).Run(context.Background(), period, trig())
+	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
+	require.Equal(t, int64(1), res.Counts["unique_violations"])
+	require.Equal(t, int64(1), res.Counts["batches_retried"])
+	conflicts := b.rec.OfType(events.BillrunInvoiceConflict)
+	require.Len(t, conflicts, 1)
+	require.Equal(t, "23505", conflicts[0].Extra["sqlstate"])
+	require.Equal(t, "invoices_pkey", conflicts[0].Extra["constraint"])
+	b.requireExactlyOnce(t, period)
+}
+
+func TestPersistentUniqueViolationFailsTheRunByName(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.seed(t, billrun.SeedConfig{Subscribers: 60})
+	// A rule of another writer that every batch breaks.
+	_, err := b.pool.Exec(context.Background(), `create unique index uidx_test_one_amount on invoices (period, amount_cents)`)
+	require.NoError(t, err)
+	res := b.runner(billrun.Config{Workers: 1, MaxBatchAttempts: 3}).Run(context.Background(), period, trig())
+	require.Equal(t, job.OutcomeFailed, res.Outcome)
+	require.Equal(t, job.ExitFailed, res.Outcome.ExitCode())
+	require.Contains(t, res.Error, "unique violation (SQLSTATE 23505) on uidx_test_one_amount")
+	require.Equal(t, int64(3), res.Counts["unique_violations"])
+	require.Len(t, b.rec.OfType(events.BillrunInvoiceConflict), 3)
+	failed := b.rec.OfType(events.RunFailed)
+	require.Len(t, failed, 1)
+	require.Contains(t, failed[0].Extra["error"], "uidx_test_one_amount")
+	st, err := b.runner(billrun.Config{}).Status(context.Background(), period)
+	require.NoError(t, err)
+	require.Equal(t, billrun.StatusFailed, st.Status)
+	require.Contains(t, st.LastError, "23505")
+}

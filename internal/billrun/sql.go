@@ -1,0 +1,133 @@
+package billrun
+
+// SQL of the bill run, parameterised, one named constant per statement.
+
+// sqlClaim takes the period's row for this replica: a new row gets fence 1,
+// an existing one that is not COMPLETED gets fence+1, this owner and status
+// RUNNING. A COMPLETED row is left alone and nothing is returned. The upsert
+// takes the row lock, so it waits for every batch transaction that holds the
+// row FOR SHARE under the previous fence; once it commits, those fence checks
+// find no row.
+//
+// $1 period, $2 owner, $3 lock fence.
+const sqlClaim = `
+insert into bill_runs as r (period, status, owner, fence, lock_fence, attempts, started_at, updated_at)
+values ($1, 'RUNNING', $2, 1, $3, 1, clock_timestamp(), clock_timestamp())
+on conflict (period) do update
+set status      = 'RUNNING',
+    owner       = excluded.owner,
+    fence       = r.fence + 1,
+    lock_fence  = excluded.lock_fence,
+    attempts    = r.attempts + 1,
+    started_at  = clock_timestamp(),
+    finished_at = null,
+    last_error  = null,
+    updated_at  = clock_timestamp()
+where r.status <> 'COMPLETED'
+returning r.fence`
+
+// sqlStatus reads a period's row with totals summed from its committed batches.
+const sqlStatus = `
+select r.period, r.status, coalesce(r.owner, ''), r.fence, r.lock_fence, r.attempts,
+       r.started_at, r.finished_at, r.updated_at, coalesce(r.last_error, ''),
+       t.batches, t.subscribers, t.created, t.already
+from bill_runs r,
+     lateral (select count(*)                           as batches,
+                     coalesce(sum(b.subscribers), 0)      as subscribers,
+                     coalesce(sum(b.invoices_created), 0) as created,
+                     coalesce(sum(b.already_invoiced), 0) as already
+              from bill_run_batches b
+              where b.period = r.period) t
+where r.period = $1`
+
+// sqlCommittedRanges lists the batches already committed for a period (the
+// resume point).
+const sqlCommittedRanges = `
+select first_id, last_id from bill_run_batches where period = $1 order by first_id`
+
+// sqlNextBatch is one keyset step over ACTIVE subscribers (index-only on the
+// partial index subscribers_active_id): the next up to $3 ids after $1 and
+// at most $2.
+const sqlNextBatch = `
+select coalesce(min(id), 0), coalesce(max(id), 0), count(*)
+from (select id from subscribers
+      where status = 'ACTIVE' and id > $1 and id <= $2
+      order by id
+      limit $3) s`
+
+// sqlFenceCheck proves, inside a batch transaction, that the claim is still
+// ours: the row lock FOR SHARE conflicts with a new claim's upsert, so either
+// this transaction commits before any new claim, or it finds no row and
+// aborts. It also bounds how long a paused process may sit idle inside the
+// transaction holding that lock ($3, e.g. '10s').
+//
+// $1 period, $2 claim fence, $3 idle-in-transaction timeout.
+const sqlFenceCheck = `
+select r.fence, set_config('idle_in_transaction_session_timeout', $3, true)
+from bill_runs r
+where r.period = $1 and r.fence = $2 and r.status = 'RUNNING'
+for share`
+
+// sqlInsertInvoices bills the ACTIVE subscribers of one id range, set-based:
+// amount = monthly fee + the period's usage charges. Subscribers already
+// invoiced for the period are skipped by ON CONFLICT and counted; a sample of
+// their ids ($5 at most) comes back only when there are any.
+//
+// $1 period, $2 claim fence, $3 first id, $4 last id, $5 sample size.
+const sqlInsertInvoices = `
+with src as materialized (
+    select s.id, s.monthly_fee_cents + coalesce(u.total, 0) as amount
+    from subscribers s
+    left join (select subscriber_id, sum(amount_cents) as total
+               from usage_charges
+               where period = $1 and subscriber_id between $3 and $4
+               group by subscriber_id) u on u.subscriber_id = s.id
+    where s.status = 'ACTIVE' and s.id between $3 and $4
+),
+ins as (
+    insert into invoices (subscriber_id, period, amount_cents, bill_run_fence)
+    select id, $1, amount, $2 from src order by id
+    on conflict (subscriber_id, period) do nothing
+    returning subscriber_id
+),
+n as (select (select count(*) from src) as subscribers, (select count(*) from ins) as created)
+select n.subscribers, n.created,
+       case when n.subscribers > n.created then
+           (select array_agg(id) from (select src.id from src
+                                       where not exists (select 1 from ins where ins.subscriber_id = src.id)
+                                       order by src.id limit $5) c)
+       end
+from n`
+
+// sqlRecordBatch marks one range committed under the claim's fence.
+//
+// $1 period, $2 first id, $3 last id, $4 fence, $5 owner, $6 subscribers,
+// $7 invoices created, $8 already invoiced.
+const sqlRecordBatch = `
+insert into bill_run_batches (period, first_id, last_id, fence, owner, subscribers, invoices_created, already_invoiced)
+values ($1, $2, $3, $4, $5, $6, $7, $8)`
+
+// sqlFinish ends the run under its fence: status $3 (COMPLETED, FAILED,
+// INTERRUPTED), last_error $4 (NULL when none) and the period's totals
+// summed from its committed batches. No row back: the fence is no longer
+// ours (a newer claim exists) or the run is no longer RUNNING.
+//
+// $1 period, $2 claim fence.
+const sqlFinish = `
+update bill_runs r
+set status           = $3,
+    last_error       = $4,
+    finished_at      = clock_timestamp(),
+    updated_at       = clock_timestamp(),
+    batches_done     = t.batches,
+    subscribers      = t.subscribers,
+    invoices_created = t.created,
+    already_invoiced = t.already
+from (select count(*)::integer                          as batches,
+             coalesce(sum(subscribers), 0)::bigint      as subscribers,
+             coalesce(sum(invoices_created), 0)::bigint as created,
+             coalesce(sum(already_invoiced), 0)::bigint as already
+      from bill_run_batches
+      where period = $1) t
+where r.period = $1 and r.fence = $2 and r.status = 'RUNNING'
+returning r.batches_done, r.subscribers, r.invoices_created, r.already_invoiced`
