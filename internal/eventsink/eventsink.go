@@ -1,0 +1,425 @@
+// Package eventsink publishes ownership events to Kafka: CloudEvents 1.0
+// structured JSON, keyed by lock key, through franz-go's idempotent
+// producer.
+//
+// Emit never blocks the work. Events go into a bounded buffer that a
+// background pump hands to the Kafka client, at most MaxInFlight at a time.
+// If Kafka is unreachable the events wait; once the buffer is full the
+// oldest waiting event is dropped, counted in coordinator_events_dropped_total
+// and logged. coordinator_events_buffered shows what waits (buffer plus
+// in flight), which never exceeds BufferSize.
+//
+// What happens on failure: a record the client gives up on (only records to
+// a topic the broker keeps saying does not exist, since the idempotent
+// producer retries everything else without limit) goes back to the head of
+// the buffer and is tried again. Stop flushes within StopTimeout and then
+// counts whatever is still waiting as dropped.
+package eventsink
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/telco-platform/coordinator/internal/events"
+)
+
+// ContentType is the header every record carries.
+const ContentType = "application/cloudevents+json"
+
+// Config configures the Kafka sink.
+type Config struct {
+	// Brokers are the seed brokers. Required.
+	Brokers []string
+	// Topic is the events topic (topics.Names.Events). Required.
+	Topic string
+	// BufferSize bounds the events waiting to be published (buffered plus in
+	// flight). Default 10000.
+	BufferSize int
+	// MaxInFlight bounds the events handed to the Kafka client at once.
+	// Default 512, at most a quarter of BufferSize.
+	MaxInFlight int
+	// Linger is how long the producer waits to batch records. Default 2ms.
+	Linger time.Duration
+	// StopTimeout bounds the flush Stop does. Default 5s.
+	StopTimeout time.Duration
+	// Log receives drops and publish errors (rate-limited). Default: discard.
+	Log *slog.Logger
+	// Metrics may be nil.
+	Metrics *Metrics
+	// ClientOpts are extra franz-go options (client id, TLS, SASL).
+	ClientOpts []kgo.Opt
+}
+
+func (c Config) withDefaults() Config {
+	if c.BufferSize <= 0 {
+		c.BufferSize = 10000
+	}
+	if c.MaxInFlight <= 0 {
+		c.MaxInFlight = 512
+	}
+	c.MaxInFlight = max(1, min(c.MaxInFlight, c.BufferSize/4))
+	if c.Linger <= 0 {
+		c.Linger = 2 * time.Millisecond
+	}
+	if c.StopTimeout <= 0 {
+		c.StopTimeout = 5 * time.Second
+	}
+	if c.Log == nil {
+		c.Log = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	if len(c.Brokers) == 0 {
+		return errors.New("eventsink: Brokers is empty")
+	}
+	if c.Topic == "" {
+		return errors.New("eventsink: Topic is empty")
+	}
+	if c.BufferSize < 2 {
+		return fmt.Errorf("eventsink: BufferSize %d: must be at least 2", c.BufferSize)
+	}
+	return nil
+}
+
+// Metrics are the sink's Prometheus metrics; a nil *Metrics records nothing.
+type Metrics struct {
+	dropped   prometheus.Counter
+	buffered  prometheus.Gauge
+	published prometheus.Counter
+	errors    prometheus.Counter
+}
+
+// NewMetrics registers the sink's metrics on reg (nil: not registered).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "coordinator_events_dropped_total",
+			Help: "Ownership events dropped because the bounded buffer was full or the sink stopped."}),
+		buffered: prometheus.NewGauge(prometheus.GaugeOpts{Name: "coordinator_events_buffered",
+			Help: "Ownership events waiting to be published (buffered plus in flight)."}),
+		published: prometheus.NewCounter(prometheus.CounterOpts{Name: "coordinator_events_published_total",
+			Help: "Ownership events acknowledged by Kafka."}),
+		errors: prometheus.NewCounter(prometheus.CounterOpts{Name: "coordinator_events_publish_errors_total",
+			Help: "Publish attempts that failed (the event is retried)."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.dropped, m.buffered, m.published, m.errors)
+	}
+	return m
+}
+
+func (m *Metrics) drop(n int) {
+	if m != nil && n > 0 {
+		m.dropped.Add(float64(n))
+	}
+}
+
+func (m *Metrics) setBuffered(n int) {
+	if m != nil {
+		m.buffered.Set(float64(n))
+	}
+}
+
+func (m *Metrics) ok() {
+	if m != nil {
+		m.published.Inc()
+	}
+}
+
+func (m *Metrics) failed() {
+	if m != nil {
+		m.errors.Inc()
+	}
+}
+
+// Kafka is an events.Emitter that publishes to Kafka.
+type Kafka struct {
+	cfg Config
+	cl  *kgo.Client
+	log *slog.Logger
+
+	mu        sync.Mutex
+	ring      []*kgo.Record // waiting records; head at ring[head], n of them
+	head, n   int
+	inflight  int
+	stopped   bool
+	started   bool
+	changed   chan struct{} // closed and replaced whenever n or inflight changes
+	dropped   int64
+	lastWarn  time.Time
+	published int64
+
+	wake     chan struct{}
+	quit     chan struct{}
+	done     chan struct{}
+	stopOnce sync.Once
+}
+
+// New builds the sink. Nothing is contacted until Start.
+func New(cfg Config) (*Kafka, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	opts := append([]kgo.Opt{
+		kgo.SeedBrokers(cfg.Brokers...),
+		kgo.DefaultProduceTopic(cfg.Topic),
+		kgo.ProducerLinger(cfg.Linger),
+		kgo.MaxBufferedRecords(cfg.MaxInFlight + 1),
+	}, cfg.ClientOpts...)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("eventsink: kafka client: %w", err)
+	}
+	return &Kafka{
+		cfg: cfg, cl: cl, log: cfg.Log,
+		ring:    make([]*kgo.Record, cfg.BufferSize-cfg.MaxInFlight),
+		changed: make(chan struct{}),
+		wake:    make(chan struct{}, 1),
+		quit:    make(chan struct{}),
+		done:    make(chan struct{}),
+	}, nil
+}
+
+// Start begins publishing in the background. Kafka need not be reachable:
+// events wait in the buffer until it is.
+func (k *Kafka) Start(context.Context) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.started {
+		return errors.New("eventsink: already started")
+	}
+	if k.stopped {
+		return errors.New("eventsink: stopped")
+	}
+	k.started = true
+	go k.pump()
+	return nil
+}
+
+// Emit encodes e as a CloudEvent and queues it. It never blocks beyond a
+// mutex: when the buffer is full the oldest waiting event is dropped.
+func (k *Kafka) Emit(_ context.Context, e events.Event) {
+	if e.ID == "" {
+		e.ID = events.NewID()
+	}
+	if e.Time.IsZero() {
+		e.Time = time.Now()
+	}
+	value, err := json.Marshal(e)
+	if err != nil {
+		k.log.Error("event_encode_failed", "event_id", e.ID, "type", string(e.Type), "err", err)
+		k.cfg.Metrics.drop(1)
+		return
+	}
+	rec := &kgo.Record{
+		Topic:   k.cfg.Topic,
+		Key:     []byte(e.Key),
+		Value:   value,
+		Headers: []kgo.RecordHeader{{Key: "content-type", Value: []byte(ContentType)}},
+	}
+	k.mu.Lock()
+	if k.stopped {
+		k.dropLocked(1, "sink stopped", e.Type)
+		k.mu.Unlock()
+		return
+	}
+	if k.n == len(k.ring) {
+		old := k.popLocked()
+		k.dropLocked(1, "buffer full", eventType(old))
+	}
+	k.pushLocked(rec)
+	k.mu.Unlock()
+	k.poke()
+}
+
+// Buffered returns how many events wait (buffered plus in flight).
+func (k *Kafka) Buffered() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.n + k.inflight
+}
+
+// Dropped returns how many events this sink dropped.
+func (k *Kafka) Dropped() int64 {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.dropped
+}
+
+// Flush waits until every event emitted so far is acknowledged by Kafka, or
+// ctx ends (the error then says how many still wait).
+func (k *Kafka) Flush(ctx context.Context) error {
+	for {
+		k.mu.Lock()
+		waiting, ch := k.n+k.inflight, k.changed
+		k.mu.Unlock()
+		if waiting == 0 {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("eventsink: flush: %d events still waiting: %w", waiting, ctx.Err())
+		}
+	}
+}
+
+// Stop flushes within StopTimeout, then closes the client; events still
+// waiting are counted as dropped. Emit after Stop drops. Safe twice.
+func (k *Kafka) Stop() {
+	k.stopOnce.Do(func() {
+		k.mu.Lock()
+		started := k.started
+		k.mu.Unlock()
+		if started {
+			ctx, cancel := context.WithTimeout(context.Background(), k.cfg.StopTimeout)
+			if err := k.Flush(ctx); err != nil {
+				k.log.Warn("event_flush_incomplete", "err", err)
+			}
+			cancel()
+		}
+		k.mu.Lock()
+		k.stopped = true
+		k.mu.Unlock()
+		close(k.quit)
+		if started {
+			<-k.done
+		}
+		k.cl.Close() // fails records still in the client; their promises count them
+		k.mu.Lock()
+		if k.n > 0 {
+			n := k.n
+			for k.n > 0 {
+				k.popLocked()
+			}
+			k.dropLocked(n, "sink stopped", "")
+		}
+		k.mu.Unlock()
+	})
+}
+
+// pump hands waiting records to the client, MaxInFlight at a time.
+func (k *Kafka) pump() {
+	defer close(k.done)
+	for {
+		k.mu.Lock()
+		for k.n > 0 && k.inflight < k.cfg.MaxInFlight && !k.stopped {
+			rec := k.popLocked()
+			k.inflight++
+			k.mu.Unlock()
+			// The client never holds more than MaxInFlight records and its
+			// buffer is one larger, so Produce does not block here.
+			k.cl.Produce(context.Background(), rec, k.promise)
+			k.mu.Lock()
+		}
+		k.mu.Unlock()
+		select {
+		case <-k.wake:
+		case <-k.quit:
+			return
+		}
+	}
+}
+
+func (k *Kafka) promise(rec *kgo.Record, err error) {
+	k.mu.Lock()
+	k.inflight--
+	switch {
+	case err == nil:
+		k.published++
+		k.cfg.Metrics.ok()
+	case k.stopped:
+		k.dropLocked(1, "sink stopped", eventType(rec))
+	default:
+		k.cfg.Metrics.failed()
+		if k.warnDue() {
+			k.log.Warn("event_publish_failed", "topic", rec.Topic, "lock_key", string(rec.Key), "err", err)
+		}
+		// Back to the head of the buffer, so order is kept as far as possible.
+		retry := &kgo.Record{Topic: rec.Topic, Key: rec.Key, Value: rec.Value, Headers: rec.Headers}
+		if k.n == len(k.ring) {
+			k.dropLocked(1, "buffer full", eventType(rec))
+		} else {
+			k.pushFrontLocked(retry)
+		}
+	}
+	k.signalLocked()
+	k.mu.Unlock()
+	k.poke()
+}
+
+func (k *Kafka) poke() {
+	select {
+	case k.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (k *Kafka) pushLocked(r *kgo.Record) {
+	k.ring[(k.head+k.n)%len(k.ring)] = r
+	k.n++
+	k.signalLocked()
+}
+
+func (k *Kafka) pushFrontLocked(r *kgo.Record) {
+	k.head = (k.head - 1 + len(k.ring)) % len(k.ring)
+	k.ring[k.head] = r
+	k.n++
+	k.signalLocked()
+}
+
+func (k *Kafka) popLocked() *kgo.Record {
+	r := k.ring[k.head]
+	k.ring[k.head] = nil
+	k.head = (k.head + 1) % len(k.ring)
+	k.n--
+	k.signalLocked()
+	return r
+}
+
+func (k *Kafka) signalLocked() {
+	close(k.changed)
+	k.changed = make(chan struct{})
+	k.cfg.Metrics.setBuffered(k.n + k.inflight)
+}
+
+func (k *Kafka) dropLocked(n int, reason string, typ events.Type) {
+	k.dropped += int64(n)
+	k.cfg.Metrics.drop(n)
+	if k.warnDue() {
+		k.log.Warn("events_dropped", "reason", reason, "count", n, "type", string(typ), "dropped_total", k.dropped)
+	}
+}
+
+// warnDue rate-limits warnings to one a second, so a long outage does not
+// flood the log.
+func (k *Kafka) warnDue() bool {
+	now := time.Now()
+	if now.Sub(k.lastWarn) < time.Second {
+		return false
+	}
+	k.lastWarn = now
+	return true
+}
+
+// eventType reads the CloudEvents type back from a record, for log lines.
+func eventType(r *kgo.Record) events.Type {
+	if r == nil {
+		return ""
+	}
+	var ce struct {
+		Type events.Type `json:"type"`
+	}
+	_ = json.Unmarshal(r.Value, &ce)
+	return ce.Type
+}

@@ -1,0 +1,584 @@
+package trigger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/telco-platform/coordinator/internal/billrun"
+	"github.com/telco-platform/coordinator/internal/events"
+	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/msisdnreaper"
+	"github.com/telco-platform/coordinator/internal/topics"
+)
+
+// Handler runs decoded triggers; *Dispatcher is the production one.
+type Handler interface {
+	BillRun(ctx context.Context, period string, t job.Trigger) (job.Result, error)
+	Sweep(ctx context.Context, t job.Trigger) job.Result
+}
+
+// KafkaConfig configures the trigger consumer.
+type KafkaConfig struct {
+	// Brokers are the seed brokers. Required.
+	Brokers []string
+	// Group is the consumer group. Default "coordinator".
+	Group string
+	// Topics names the trigger topics and the DLQ. Default topics.New("").
+	Topics topics.Names
+	// Replica is this replica's id (client id, event replica). Required.
+	Replica string
+	// MaxRecordBytes bounds a trigger value; larger ones go to the DLQ.
+	// Default 64 KiB.
+	MaxRecordBytes int
+	// RetryBackoffMin and RetryBackoffMax bound the exponential backoff
+	// between tries of a record that was not handled. Defaults 250ms, 10s.
+	RetryBackoffMin, RetryBackoffMax time.Duration
+	// RevokeWait bounds how long a partition revoke waits for the record in
+	// flight on that partition before letting the rebalance go on. Default 5s.
+	RevokeWait time.Duration
+	// DrainTimeout bounds how long Stop waits for records in flight before
+	// cancelling them. Default 25s.
+	DrainTimeout time.Duration
+	// FetchMaxWait is the broker's long-poll bound. Default 200ms (low, so a
+	// resumed partition is fetched again quickly).
+	FetchMaxWait time.Duration
+	// ClientOpts are extra franz-go options (TLS, SASL, tests).
+	ClientOpts []kgo.Opt
+}
+
+func (c KafkaConfig) withDefaults() KafkaConfig {
+	if c.Group == "" {
+		c.Group = "coordinator"
+	}
+	if c.Topics == (topics.Names{}) {
+		c.Topics = topics.New("")
+	}
+	if c.MaxRecordBytes <= 0 {
+		c.MaxRecordBytes = DefaultMaxRecordBytes
+	}
+	if c.RetryBackoffMin <= 0 {
+		c.RetryBackoffMin = 250 * time.Millisecond
+	}
+	if c.RetryBackoffMax <= 0 {
+		c.RetryBackoffMax = 10 * time.Second
+	}
+	c.RetryBackoffMax = max(c.RetryBackoffMax, c.RetryBackoffMin)
+	if c.RevokeWait <= 0 {
+		c.RevokeWait = 5 * time.Second
+	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = 25 * time.Second
+	}
+	if c.FetchMaxWait <= 0 {
+		c.FetchMaxWait = 200 * time.Millisecond
+	}
+	return c
+}
+
+func (c KafkaConfig) validate() error {
+	switch {
+	case len(c.Brokers) == 0:
+		return errors.New("trigger: KafkaConfig.Brokers is empty")
+	case c.Replica == "":
+		return errors.New("trigger: KafkaConfig.Replica is empty")
+	}
+	return nil
+}
+
+// KafkaConsumer consumes the trigger topics in the consumer group and hands
+// each record to the Handler.
+//
+// Per partition, one worker goroutine handles records strictly in order.
+// The poll loop never waits for a worker: it queues a fetch for the worker
+// and pauses the partition until the worker drained it, so heartbeats,
+// rebalances and the other partitions keep going while a long bill run
+// executes. An offset is committed (synchronously) only after its record is
+// handled: done, already owned, already completed, or rejected to the DLQ.
+// A record that is not handled (lock backend unavailable, ownership lost,
+// DLQ unreachable) is retried in place with exponential backoff, and the
+// records behind it wait; nothing is committed past it.
+//
+// Revoke or loss of a partition: the worker takes no new record from it and
+// queued ones are dropped (the new owner gets them from the committed
+// offset). The record in flight is not cancelled: the ownership lock, not the
+// partition, decides who works, and cancelling a bill run because Kafka
+// moved a partition would only make the next owner resume it. The revoke
+// callback waits up to RevokeWait for it, so it is committed when it ends in
+// time; otherwise the run goes on holding its lock, its offset stays
+// uncommitted, and the partition's new owner sees the redelivered trigger
+// and answers already_owned (or already_completed).
+type KafkaConsumer struct {
+	cfg  KafkaConfig
+	h    Handler
+	emit events.Emitter
+	log  *slog.Logger
+	m    *Metrics
+	cl   *kgo.Client
+
+	// handleCtx is the context of every Handler call: not the Start ctx
+	// (a shutdown signal must not abort an owned run midway), cancelled by
+	// Stop after DrainTimeout.
+	handleCtx    context.Context
+	cancelHandle context.CancelFunc
+	pollCtx      context.Context
+	cancelPoll   context.CancelFunc
+
+	mu      sync.Mutex
+	workers map[tp]*partWorker
+	stopped bool
+
+	startOnce sync.Once
+	stopOnce  sync.Once
+	pollDone  chan struct{}
+}
+
+type tp struct {
+	topic     string
+	partition int32
+}
+
+// NewKafkaConsumer builds the consumer. Nothing is contacted until Start.
+func NewKafkaConsumer(cfg KafkaConfig, h Handler, emit events.Emitter, log *slog.Logger, m *Metrics) (*KafkaConsumer, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if h == nil {
+		return nil, errors.New("trigger: NewKafkaConsumer: nil Handler")
+	}
+	if emit == nil {
+		emit = events.EmitterFunc(func(context.Context, events.Event) {})
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	c := &KafkaConsumer{cfg: cfg, h: h, emit: emit, log: log, m: m, workers: map[tp]*partWorker{}, pollDone: make(chan struct{})}
+	c.handleCtx, c.cancelHandle = context.WithCancel(context.Background())
+	c.pollCtx, c.cancelPoll = context.WithCancel(context.Background())
+	return c, nil
+}
+
+// Start creates the client, joins the group and consumes in the background.
+// It returns once the client exists; Kafka being down is not an error here
+// (the client keeps trying). ctx ending stops the poll loop like Stop does,
+// but only Stop waits and leaves the group.
+func (c *KafkaConsumer) Start(ctx context.Context) error {
+	err := errors.New("trigger: consumer already started")
+	c.startOnce.Do(func() {
+		opts := append([]kgo.Opt{
+			kgo.SeedBrokers(c.cfg.Brokers...),
+			kgo.ClientID("coordinator-" + c.cfg.Replica),
+			kgo.ConsumerGroup(c.cfg.Group),
+			kgo.ConsumeTopics(c.cfg.Topics.Triggers()...),
+			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+			kgo.DisableAutoCommit(),
+			kgo.FetchMaxWait(c.cfg.FetchMaxWait),
+			kgo.FetchMaxPartitionBytes(int32(max(c.cfg.MaxRecordBytes*4, 1<<20))),
+			kgo.OnPartitionsAssigned(c.assigned),
+			kgo.OnPartitionsRevoked(c.revoked),
+			kgo.OnPartitionsLost(c.revoked),
+			kgo.ProducerLinger(0),
+		}, c.cfg.ClientOpts...)
+		var cl *kgo.Client
+		cl, err = kgo.NewClient(opts...)
+		if err != nil {
+			err = fmt.Errorf("trigger: kafka client: %w", err)
+			close(c.pollDone)
+			return
+		}
+		c.cl = cl
+		stop := context.AfterFunc(ctx, c.cancelPoll)
+		go func() {
+			defer stop()
+			c.poll()
+		}()
+		c.log.Info("trigger_consumer_started", "group", c.cfg.Group, "topics", c.cfg.Topics.Triggers(), "dlq", c.cfg.Topics.DLQ)
+	})
+	return err
+}
+
+// Stop stops taking records, waits up to DrainTimeout for the records in
+// flight (then cancels them: a cancelled bill run ends lost and is not
+// committed), commits what was handled, and leaves the group. Safe twice.
+func (c *KafkaConsumer) Stop() {
+	c.stopOnce.Do(func() {
+		c.startOnce.Do(func() { close(c.pollDone) }) // never started: nothing to stop, and no later Start
+		c.cancelPoll()
+		<-c.pollDone
+		c.mu.Lock()
+		c.stopped = true
+		ws := make([]*partWorker, 0, len(c.workers))
+		for _, w := range c.workers {
+			w.revoke()
+			ws = append(ws, w)
+		}
+		c.mu.Unlock()
+		if !waitWorkers(ws, c.cfg.DrainTimeout) {
+			c.log.Warn("trigger_consumer_drain_timeout", "timeout", c.cfg.DrainTimeout)
+			c.cancelHandle()
+			waitWorkers(ws, 0)
+		}
+		c.cancelHandle()
+		if c.cl != nil {
+			c.cl.Close() // leaves the group
+		}
+		c.log.Info("trigger_consumer_stopped")
+	})
+}
+
+// Lag returns, per "topic/partition", how many records follow the last one
+// handled (as of the last fetch's high watermark).
+func (c *KafkaConsumer) Lag() map[string]int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]int64, len(c.workers))
+	for k, w := range c.workers {
+		out[k.topic+"/"+strconv.Itoa(int(k.partition))] = w.lag()
+	}
+	return out
+}
+
+// waitWorkers waits for every worker to end; d <= 0 waits without bound.
+func waitWorkers(ws []*partWorker, d time.Duration) bool {
+	var timeout <-chan time.Time
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		timeout = t.C
+	}
+	for _, w := range ws {
+		select {
+		case <-w.done:
+		case <-timeout:
+			return false
+		}
+	}
+	return true
+}
+
+func (c *KafkaConsumer) poll() {
+	defer close(c.pollDone)
+	for {
+		fetches := c.cl.PollFetches(c.pollCtx)
+		if c.pollCtx.Err() != nil || fetches.IsClientClosed() {
+			return
+		}
+		fetches.EachError(func(topic string, partition int32, err error) {
+			if !errors.Is(err, context.Canceled) {
+				c.log.Warn("trigger_fetch_error", "topic", topic, "partition", partition, "err", err)
+			}
+		})
+		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+			if len(p.Records) == 0 {
+				return
+			}
+			c.mu.Lock()
+			w := c.workers[tp{p.Topic, p.Partition}]
+			c.mu.Unlock()
+			if w == nil {
+				// Not (or no longer) ours: the owner reads it from the
+				// committed offset.
+				return
+			}
+			w.enqueue(p.Records, p.HighWatermark)
+		})
+	}
+}
+
+func (c *KafkaConsumer) assigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
+	cl.ResumeFetchPartitions(assigned) // a pause left from an earlier assignment must not stick
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		return
+	}
+	for topic, parts := range assigned {
+		for _, p := range parts {
+			k := tp{topic, p}
+			if c.workers[k] != nil {
+				continue
+			}
+			w := newPartWorker(c, k)
+			c.workers[k] = w
+			go w.run()
+		}
+	}
+	c.log.Info("trigger_partitions_assigned", "partitions", fmt.Sprint(assigned))
+}
+
+// revoked handles revoked and lost partitions alike: see KafkaConsumer.
+func (c *KafkaConsumer) revoked(_ context.Context, cl *kgo.Client, revoked map[string][]int32) {
+	c.mu.Lock()
+	var ws []*partWorker
+	for topic, parts := range revoked {
+		for _, p := range parts {
+			k := tp{topic, p}
+			if w := c.workers[k]; w != nil {
+				delete(c.workers, k)
+				w.revoke()
+				ws = append(ws, w)
+			}
+			c.m.deleteLag(topic, p)
+		}
+	}
+	c.mu.Unlock()
+	if !waitWorkers(ws, c.cfg.RevokeWait) {
+		c.log.Warn("trigger_revoke_left_run_in_flight", "partitions", fmt.Sprint(revoked),
+			"reason", "the run keeps its lock; the partition's next owner sees the trigger again")
+	}
+	for _, w := range ws {
+		w.forbidCommit()
+	}
+	cl.ResumeFetchPartitions(revoked)
+	c.log.Info("trigger_partitions_revoked", "partitions", fmt.Sprint(revoked))
+}
+
+// partWorker handles one partition's records in order.
+type partWorker struct {
+	c  *KafkaConsumer
+	tp tp
+
+	mu        sync.Mutex
+	queue     []*kgo.Record
+	hw        int64 // high watermark of the last fetch
+	handled   int64 // offset of the last handled record, -1 before any
+	revoked   bool
+	noCommit  bool
+	wake      chan struct{}
+	quit      chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+func newPartWorker(c *KafkaConsumer, k tp) *partWorker {
+	return &partWorker{c: c, tp: k, handled: -1, wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
+}
+
+// enqueue queues a fetch and pauses the partition until the worker has
+// drained its queue, so the poll loop never blocks on a busy worker.
+func (w *partWorker) enqueue(recs []*kgo.Record, hw int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.revoked {
+		return
+	}
+	w.queue = append(w.queue, recs...)
+	w.hw = hw
+	w.c.cl.PauseFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// next returns the next record, resuming the partition when the queue is
+// empty and waiting for more; false when the worker must end.
+func (w *partWorker) next() (*kgo.Record, bool) {
+	for {
+		w.mu.Lock()
+		if w.revoked {
+			w.mu.Unlock()
+			return nil, false
+		}
+		if len(w.queue) > 0 {
+			r := w.queue[0]
+			w.queue[0] = nil
+			w.queue = w.queue[1:]
+			w.mu.Unlock()
+			return r, true
+		}
+		w.c.cl.ResumeFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
+		w.mu.Unlock()
+		select {
+		case <-w.wake:
+		case <-w.quit:
+			return nil, false
+		}
+	}
+}
+
+func (w *partWorker) revoke() {
+	w.mu.Lock()
+	w.revoked = true
+	w.queue = nil
+	w.mu.Unlock()
+	w.closeOnce.Do(func() { close(w.quit) })
+}
+
+func (w *partWorker) forbidCommit() {
+	w.mu.Lock()
+	w.noCommit = true
+	w.mu.Unlock()
+}
+
+func (w *partWorker) lag() int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.handled < 0 {
+		return max(w.hw-int64(len(w.queue)), 0) // unknown start; best effort
+	}
+	return max(w.hw-w.handled-1, 0)
+}
+
+func (w *partWorker) run() {
+	defer close(w.done)
+	for {
+		rec, ok := w.next()
+		if !ok {
+			return
+		}
+		if !w.handleWithRetry(rec) {
+			return
+		}
+	}
+}
+
+// handleWithRetry tries rec until it is handled (then commits it) or the
+// worker must end (then nothing is committed and the record is redelivered).
+func (w *partWorker) handleWithRetry(rec *kgo.Record) bool {
+	c := w.c
+	for attempt := 0; ; attempt++ {
+		if c.handleCtx.Err() != nil {
+			return false
+		}
+		if c.process(rec) {
+			w.commit(rec)
+			return true
+		}
+		c.m.retry(rec.Topic)
+		d := backoff(c.cfg.RetryBackoffMin, c.cfg.RetryBackoffMax, attempt)
+		c.log.Warn("trigger_not_handled_retrying", "topic", rec.Topic, "partition", rec.Partition,
+			"offset", rec.Offset, "attempt", attempt+1, "backoff", d)
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-w.quit:
+			t.Stop()
+			return false
+		}
+	}
+}
+
+func (w *partWorker) commit(rec *kgo.Record) {
+	c := w.c
+	w.mu.Lock()
+	w.handled = rec.Offset
+	lag := max(w.hw-rec.Offset-1, 0)
+	noCommit := w.noCommit
+	w.mu.Unlock()
+	c.m.setLag(rec.Topic, rec.Partition, lag)
+	if noCommit {
+		return // the partition moved on; its new owner commits
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.cl.CommitRecords(ctx, rec); err != nil {
+		// The record was handled; a redelivery finds it already owned or
+		// completed, so this costs a duplicate, never a loss.
+		c.log.Warn("trigger_commit_failed", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "err", err)
+	}
+}
+
+// process handles one record; it reports whether the record is handled
+// (and may be committed).
+func (c *KafkaConsumer) process(rec *kgo.Record) bool {
+	names := c.cfg.Topics
+	derivedID := fmt.Sprintf("kafka-%s-%d-%d", rec.Topic, rec.Partition, rec.Offset)
+	switch rec.Topic {
+	case names.BillrunRequested:
+		req, err := DecodeBillRun(rec.Key, rec.Value, c.cfg.MaxRecordBytes)
+		if err != nil {
+			return c.reject(rec, billrun.JobName, err)
+		}
+		t := job.Trigger{Source: job.SourceKafka, RequestID: cmpOr(req.RequestID, derivedID), RequestedBy: req.RequestedBy}
+		res, err := c.h.BillRun(c.handleCtx, req.Period, t)
+		if err != nil && errors.Is(err, job.ErrBadInput) {
+			return c.reject(rec, billrun.JobName, &RejectError{Reason: ReasonBadPeriod, Detail: trimBadInput(err)})
+		}
+		if err != nil {
+			c.log.Warn("trigger_handler_error", "topic", rec.Topic, "offset", rec.Offset, "request_id", t.RequestID, "err", err)
+			return false
+		}
+		return res.Outcome.Handled()
+	case names.ReaperRequested:
+		req, err := DecodeReaper(rec.Value, c.cfg.MaxRecordBytes)
+		if err != nil {
+			return c.reject(rec, msisdnreaper.JobName, err)
+		}
+		t := job.Trigger{Source: job.SourceKafka, RequestID: cmpOr(req.RequestID, derivedID), RequestedBy: req.RequestedBy}
+		return c.h.Sweep(c.handleCtx, t).Outcome.Handled()
+	default:
+		return c.reject(rec, "", &RejectError{Reason: ReasonUnknownTopic, Detail: "record from topic " + rec.Topic})
+	}
+}
+
+// reject copies rec to the DLQ (original key, value and headers plus
+// reason, source-topic, source-partition, source-offset) and emits
+// trigger.rejected. It reports false when the DLQ could not be written, so
+// the record is retried, not lost.
+func (c *KafkaConsumer) reject(rec *kgo.Record, jobName string, err error) bool {
+	var re *RejectError
+	if !errors.As(err, &re) {
+		re = &RejectError{Reason: ReasonMalformedJSON, Detail: err.Error()}
+	}
+	headers := make([]kgo.RecordHeader, 0, len(rec.Headers)+5)
+	headers = append(headers, rec.Headers...)
+	headers = append(headers,
+		kgo.RecordHeader{Key: "reason", Value: []byte(re.Reason)},
+		kgo.RecordHeader{Key: "reason-detail", Value: []byte(re.Detail)},
+		kgo.RecordHeader{Key: "source-topic", Value: []byte(rec.Topic)},
+		kgo.RecordHeader{Key: "source-partition", Value: []byte(strconv.Itoa(int(rec.Partition)))},
+		kgo.RecordHeader{Key: "source-offset", Value: []byte(strconv.FormatInt(rec.Offset, 10))},
+	)
+	dlq := &kgo.Record{Topic: c.cfg.Topics.DLQ, Key: rec.Key, Value: rec.Value, Headers: headers}
+	ctx, cancel := context.WithTimeout(c.handleCtx, 10*time.Second)
+	defer cancel()
+	if perr := c.cl.ProduceSync(ctx, dlq).FirstErr(); perr != nil {
+		c.log.Error("trigger_dlq_write_failed", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "err", perr)
+		return false
+	}
+	c.m.reject(rec.Topic, re.Reason)
+	key := jobName
+	switch jobName {
+	case billrun.JobName:
+		if p, err := billrun.ParsePeriod(string(rec.Key)); err == nil {
+			key = billrun.LockKey(p)
+		}
+	case msisdnreaper.JobName:
+		key = msisdnreaper.SweepKey
+	default:
+		key = "trigger:" + rec.Topic
+	}
+	c.emit.Emit(c.handleCtx, events.Event{
+		Type: events.TriggerRejected, Key: key, Job: jobName, Replica: c.cfg.Replica, Trigger: string(job.SourceKafka),
+		RequestID: fmt.Sprintf("kafka-%s-%d-%d", rec.Topic, rec.Partition, rec.Offset),
+		Extra: map[string]any{"reason": re.Reason, "detail": re.Detail, "topic": rec.Topic,
+			"partition": rec.Partition, "offset": rec.Offset, "dlq_topic": c.cfg.Topics.DLQ},
+	})
+	c.log.Warn("trigger_rejected", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset,
+		"reason", re.Reason, "detail", re.Detail)
+	return true
+}
+
+// backoff is min·2^attempt capped at max.
+func backoff(minD, maxD time.Duration, attempt int) time.Duration {
+	d := minD
+	for i := 0; i < attempt && d < maxD; i++ {
+		d *= 2
+	}
+	return min(d, maxD)
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
