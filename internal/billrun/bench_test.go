@@ -1,0 +1,177 @@
+package billrun_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/telco-platform/coordinator/internal/billrun"
+	"github.com/telco-platform/coordinator/internal/events"
+	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/ownership"
+	"github.com/telco-platform/coordinator/internal/testenv"
+)
+
+// Benchmark variables (the 1M figure is opt-in: seeding and billing it takes
+// a minute or two).
+const (
+	envBenchSubscribers = "COORDINATOR_BENCH_BILLRUN_SUBSCRIBERS" // default 100000
+	envBenchWorkers     = "COORDINATOR_BENCH_BILLRUN_WORKERS"     // default "1,2,4,8" for the sweep
+	envBenchBatchSizes  = "COORDINATOR_BENCH_BILLRUN_BATCH_SIZES" // default "1000" for the sweep
+)
+
+// sqlSingleStatement is the floor the issue compares against: every ACTIVE
+// subscriber invoiced by one INSERT ... SELECT ... ON CONFLICT DO NOTHING.
+const sqlSingleStatement = `
+insert into invoices (subscriber_id, period, amount_cents, bill_run_fence)
+select s.id, $1, s.monthly_fee_cents + coalesce(u.total, 0), 0
+from subscribers s
+left join (select subscriber_id, sum(amount_cents) as total
+           from usage_charges where period = $1 group by subscriber_id) u on u.subscriber_id = s.id
+where s.status = 'ACTIVE'
+on conflict (subscriber_id, period) do nothing`
+
+func envInts(b *testing.B, name, def string) []int {
+	v := os.Getenv(name)
+	if v == "" {
+		v = def
+	}
+	var out []int
+	for _, f := range splitComma(v) {
+		n, err := strconv.Atoi(f)
+		require.NoError(b, err, name)
+		out = append(out, n)
+	}
+	return out
+}
+
+func splitComma(s string) []string {
+	var out []string
+	start := 0
+	for i := 0; i <= len(s); i++ {
+		if i == len(s) || s[i] == ',' {
+			if i > start {
+				out = append(out, s[start:i])
+			}
+			start = i + 1
+		}
+	}
+	return out
+}
+
+type benchEnv struct {
+	b      *testing.B
+	pg     *testenv.PG
+	active int64
+}
+
+func newBenchEnv(b *testing.B) *benchEnv {
+	n := envInts(b, envBenchSubscribers, "100000")[0]
+	pg := testenv.Postgres(b)
+	ctx := context.Background()
+	start := time.Now()
+	seeded, err := billrun.Seed(ctx, pg.Pool, billrun.SeedConfig{Subscribers: int64(n), SuspendedRatio: 0.05, TerminatedRatio: 0.05, Usage: true, Period: period})
+	require.NoError(b, err)
+	_, err = pg.Pool.Exec(ctx, `vacuum analyze subscribers; `)
+	require.NoError(b, err)
+	_, err = pg.Pool.Exec(ctx, `vacuum analyze usage_charges`)
+	require.NoError(b, err)
+	b.Logf("seeded %d subscribers (%d ACTIVE, %d usage charges) in %s", seeded.Subscribers, seeded.Active, seeded.UsageCharges, time.Since(start).Round(time.Millisecond))
+	return &benchEnv{b: b, pg: pg, active: seeded.Active}
+}
+
+// reset empties the outputs and checkpoints, so every timed part starts alike.
+func (e *benchEnv) reset() {
+	ctx := context.Background()
+	_, err := e.pg.Pool.Exec(ctx, `truncate invoices, bill_run_batches, bill_runs`)
+	require.NoError(e.b, err)
+	_, err = e.pg.Pool.Exec(ctx, `checkpoint`)
+	require.NoError(e.b, err)
+}
+
+func (e *benchEnv) singleStatement() time.Duration {
+	e.reset()
+	start := time.Now()
+	tag, err := e.pg.Pool.Exec(context.Background(), sqlSingleStatement, period.String())
+	d := time.Since(start)
+	require.NoError(e.b, err)
+	require.Equal(e.b, e.active, tag.RowsAffected())
+	return d
+}
+
+func (e *benchEnv) runner(workers, batch int, reg *prometheus.Registry) time.Duration {
+	e.reset()
+	l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "bench"})
+	defer l.Close()
+	var m *billrun.Metrics
+	if reg != nil {
+		m = billrun.NewMetrics(reg)
+	}
+	r := billrun.New(e.pg.Pool, l, events.EmitterFunc(func(context.Context, events.Event) {}),
+		billrun.Config{Workers: workers, BatchSize: batch, Metrics: m})
+	start := time.Now()
+	res := r.Run(context.Background(), period, job.Trigger{Source: job.SourceCLI})
+	d := time.Since(start)
+	require.Equal(e.b, job.OutcomeCompleted, res.Outcome, res.Error)
+	require.Equal(e.b, e.active, res.Counts["invoices_created"])
+	return d
+}
+
+func rate(n int64, d time.Duration) float64 { return float64(n) / d.Seconds() }
+
+// BenchmarkBillRunVsSingleStatement invoices the same data both ways in
+// each iteration: the single INSERT ... SELECT floor, then the runner (4
+// workers, batches of 1000), and reports both rates and their ratio, plus
+// where the runner's time goes (summed over workers, per batch).
+func BenchmarkBillRunVsSingleStatement(b *testing.B) {
+	e := newBenchEnv(b)
+	var floor, ours time.Duration
+	phases := map[string]float64{}
+	for b.Loop() {
+		floor += e.singleStatement()
+		reg := prometheus.NewRegistry()
+		ours += e.runner(4, 1000, reg)
+		mfs, err := reg.Gather()
+		require.NoError(b, err)
+		for _, mf := range mfs {
+			if mf.GetName() != "coordinator_billrun_batch_phase_seconds" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				phases[m.GetLabel()[0].GetValue()] += m.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	iters := float64(b.N)
+	b.ReportMetric(float64(e.active), "subscribers")
+	b.ReportMetric(rate(e.active, floor/time.Duration(b.N)), "floor_rows/s")
+	b.ReportMetric(rate(e.active, ours/time.Duration(b.N)), "runner_rows/s")
+	b.ReportMetric(floor.Seconds()/ours.Seconds(), "runner/floor")
+	batches := float64((e.active + 999) / 1000)
+	for _, p := range []string{billrun.PhaseBegin, billrun.PhaseFenceCheck, billrun.PhaseInsert, billrun.PhaseRecord, billrun.PhaseCommit} {
+		b.ReportMetric(phases[p]/iters/batches*1e6, p+"_us/batch")
+	}
+}
+
+// BenchmarkBillRunTuning sweeps workers and batch sizes (env lists).
+func BenchmarkBillRunTuning(b *testing.B) {
+	e := newBenchEnv(b)
+	for _, batch := range envInts(b, envBenchBatchSizes, "1000") {
+		for _, w := range envInts(b, envBenchWorkers, "1,2,4,8") {
+			b.Run(fmt.Sprintf("batch=%d/workers=%d", batch, w), func(b *testing.B) {
+				e.b = b
+				var total time.Duration
+				for b.Loop() {
+					total += e.runner(w, batch, nil)
+				}
+				b.ReportMetric(rate(e.active, total/time.Duration(b.N)), "rows/s")
+			})
+		}
+	}
+}

@@ -1,0 +1,101 @@
+// Package billrun runs a billing period's bill run with one owner across
+// replicas: ADR-024's first consumer (billing-service's RunBillCommandHandler
+// and BillRunBatchProcessor, re-thought).
+//
+// # A run
+//
+// For a period P ("2026-11", see ParsePeriod):
+//
+//  1. Acquire the ownership lock billrun:P in watchdog mode. Contended: event
+//     ownership.already_owned naming the owner, outcome already_owned.
+//     Backend down: ownership.unavailable, outcome unavailable. Nothing runs.
+//  2. Claim the bill_runs row in one statement (sqlClaim): a COMPLETED row is
+//     left alone (run.already_completed, release, outcome already_completed);
+//     otherwise fence = fence + 1, owner = this replica, status RUNNING,
+//     lock_fence = the Redis lease's fencing token. Claim stops here, so an
+//     HTTP caller can answer 202 once ownership is proven; Execute goes on.
+//  3. Plan batches: keyset steps of BatchSize over ACTIVE subscriber ids (the
+//     partial index subscribers_active_id), never entering a range already
+//     in bill_run_batches for P (resume). The planner streams batches to the
+//     workers through a small channel: memory does not grow with the number
+//     of subscribers.
+//  4. Workers (Workers of them) run each batch as one transaction:
+//     (a) SELECT ... FROM bill_runs WHERE period=P AND fence=F AND status='RUNNING' FOR SHARE
+//     — no row means the claim was superseded and the batch aborts;
+//     (b) one INSERT ... SELECT of the range's invoices, amount = monthly fee
+//     + the period's usage charges, ON CONFLICT (subscriber_id, period) DO
+//     NOTHING RETURNING subscriber_id — subscribers minus inserted rows are
+//     already_invoiced, with a sample of their ids;
+//     (c) INSERT into bill_run_batches (range, fence, owner, counts); COMMIT.
+//  5. End under the fence (sqlFinish: UPDATE ... WHERE fence=F AND
+//     status='RUNNING'): COMPLETED with the period's totals, run.completed,
+//     release (ownership.released), outcome completed. Subscribers found
+//     already invoiced are reported in one billrun.invoice_conflict event
+//     (count and sample) and in the result's counts.
+//
+// # States of a bill_runs row
+//
+//	            claim (fence+1)                    all batches committed
+//	(no row) ─────────────────────▶ RUNNING ───────────────────────────────▶ COMPLETED
+//	                                 │  ▲ │                                   (final: a later
+//	       lease lost / shutdown /   │  │ │ a batch keeps failing              claim answers
+//	       fence superseded          │  │ │ (retries spent, or not transient)  already_completed)
+//	                                 ▼  │ ▼
+//	                       INTERRUPTED  │  FAILED
+//	                                 └──┴───┘
+//	                       a later claim (fence+1) resumes from the
+//	                       batches in bill_run_batches
+//
+// A RUNNING row whose owner died (kill -9) stays RUNNING until the next claim:
+// the next owner holds the Redis lock, so it takes the row over (fence+1).
+//
+// # Why a stale owner cannot commit
+//
+// The Redis lease says who should run; Postgres decides what commits. The
+// claim's upsert needs the bill_runs row lock, which conflicts with the FOR
+// SHARE every batch transaction takes on the same row. So a batch of fence F
+// either commits before the claim of F+1 takes the row, or its fence check
+// runs after that claim committed and finds no row. A process that was
+// paused past its lease (GC pause, SIGSTOP, VM migration) and wakes up after
+// a new owner claimed cannot commit a single batch: it ends lost. A paused
+// process that sits inside a transaction holding FOR SHARE is ended by
+// Postgres after IdleInTransactionTimeout, so it cannot block the new claim
+// for longer than that.
+//
+// # What happens on failure
+//
+//   - Lock contended: already_owned (exit 75), owner named; nothing runs.
+//   - Lock backend down: unavailable (exit 69); nothing runs. A Kafka trigger
+//     is redelivered.
+//   - Lease lost mid-run (renewal found the lock gone, or Redis unreachable
+//     until the local trust deadline): no new batch starts; in-flight batch
+//     transactions are cancelled and roll back; the row is marked
+//     INTERRUPTED if the fence is still ours; ownership.lost with reason
+//     lease_lost; outcome lost (exit 76).
+//   - Execute's ctx cancelled (shutdown): the same, reason shutdown, and the
+//     lock is released at once.
+//   - Fence superseded (a batch's fence check found no row, or the final
+//     update did): lost, reason fence_lost; the row is left to its new owner.
+//   - Process killed (kill -9): committed batches stay committed, the
+//     in-flight transaction rolls back (Postgres), the lock expires after the
+//     watchdog timeout; the next trigger claims fence+1 and resumes, skipping
+//     the committed ranges (batches_skipped > 0).
+//   - A batch fails transiently (Postgres restarted, connection lost,
+//     serialization failure, deadlock): retried with exponential backoff
+//     (RetryBackoff, doubling, capped at 32x) up to MaxBatchAttempts tries;
+//     then no new batch starts, the row is FAILED with last_error, run.failed,
+//     release, outcome failed (exit 1). A later trigger resumes.
+//   - A unique violation (SQLSTATE 23505) escapes ON CONFLICT (another unique
+//     index, an identity collision): recognised by its code, reported as a
+//     billrun.invoice_conflict event (sqlstate, constraint, range) and counted
+//     in unique_violations, then retried like a transient error (an identity
+//     collision clears on retry); if it persists the run is FAILED and
+//     last_error names the constraint. Never a generic error, never silent.
+//   - Postgres unreachable when ending the run: the row stays RUNNING; the
+//     next claim takes it over.
+//
+// Resume never double-bills or skips: a committed range is skipped whole and
+// ranges are never split across runs; ON CONFLICT DO NOTHING is only the
+// backstop. A subscriber whose status changes after its range was committed
+// is not revisited by the same period's run.
+package billrun
