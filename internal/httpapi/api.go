@@ -1,0 +1,536 @@
+// Package httpapi is the coordinator's admin HTTP API: health and readiness,
+// Prometheus metrics, and the /v1 operations that start bill runs and reaper
+// sweeps, show a bill run's state and list held locks.
+//
+// Errors are RFC 9457 problem documents (application/problem+json) with the
+// ADR-024 members code, reason, lockKey and owner where they apply. /v1/*
+// needs `Authorization: Bearer <COORDINATOR_ADMIN_TOKEN>`, compared in
+// constant time; with no token configured /v1/* answers 403.
+//
+// Status codes of POST /v1/billruns: 202 started (Location names the status
+// URL), 200 already completed, 409 already owned (owner named), 503 lock
+// backend unavailable or shutting down, 400 bad input, 401/403 auth, 500 the
+// run failed. POST /v1/msisdn-reaper/sweeps is synchronous: 200 completed,
+// 409 already owned, 503 unavailable or ownership lost mid-sweep, 500 failed.
+package httpapi
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/telco-platform/coordinator/internal/events"
+	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/ownership"
+)
+
+// Dispatcher is the part of trigger.Dispatcher the API drives.
+type Dispatcher interface {
+	// StartBillRun claims the period synchronously; started=true means the
+	// run goes on in the background and res carries the claim (fence,
+	// owner). Otherwise res is final. err wraps job.ErrBadInput for a bad
+	// period.
+	StartBillRun(ctx context.Context, period string, t job.Trigger) (res job.Result, started bool, err error)
+	// Sweep runs one reaper sweep to its end.
+	Sweep(ctx context.Context, t job.Trigger) job.Result
+}
+
+// StatusFunc returns a bill run's state for GET /v1/billruns/{period}, as a
+// JSON-encodable value. Errors: job.ErrBadInput for a malformed period,
+// ErrNotFound when the period has no bill run, anything else means the
+// store could not answer.
+type StatusFunc func(ctx context.Context, period string) (any, error)
+
+// ErrNotFound is what a StatusFunc returns for a period with no bill run.
+var ErrNotFound = errors.New("httpapi: not found")
+
+// Check is one readiness dependency. Check returns nil when the dependency
+// is usable; its error text is shown in /readyz.
+type Check struct {
+	Name  string
+	Check func(ctx context.Context) error
+}
+
+// Config wires the API. Dispatcher is required.
+type Config struct {
+	// Replica is this replica's id (shown in /healthz and /readyz).
+	Replica string
+	// Token guards /v1/*. Empty: /v1/* answers 403.
+	Token string
+	// Dispatcher starts bill runs and sweeps. Required.
+	Dispatcher Dispatcher
+	// Status answers GET /v1/billruns/{period}. Nil: 404 for every period.
+	Status StatusFunc
+	// Locks answers GET /v1/locks. Nil: an empty list.
+	Locks ownership.Inspector
+	// Checks are run by /readyz, concurrently, each bounded by CheckTimeout.
+	Checks []Check
+	// CheckTimeout bounds one readiness check. Default 2s.
+	CheckTimeout time.Duration
+	// Metrics serves GET /metrics (promhttp.HandlerFor). Nil: 404.
+	Metrics http.Handler
+	// MaxBodyBytes bounds a request body. Default 64 KiB.
+	MaxBodyBytes int64
+	// SweepTimeout bounds a synchronous sweep request. Default 2m.
+	SweepTimeout time.Duration
+	// Log receives one line per request (debug) and per failure (warn).
+	Log *slog.Logger
+	// Registerer gets coordinator_http_requests_total and
+	// coordinator_http_request_duration_seconds. Nil: not registered.
+	Registerer prometheus.Registerer
+}
+
+// API is the admin HTTP handler.
+type API struct {
+	cfg      Config
+	token    [32]byte
+	log      *slog.Logger
+	mux      *http.ServeMux
+	draining atomic.Bool
+
+	requests *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+}
+
+// New builds the API; it validates cfg.
+func New(cfg Config) (*API, error) {
+	if cfg.Dispatcher == nil {
+		return nil, errors.New("httpapi: Config.Dispatcher is required")
+	}
+	if cfg.CheckTimeout <= 0 {
+		cfg.CheckTimeout = 2 * time.Second
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.SweepTimeout <= 0 {
+		cfg.SweepTimeout = 2 * time.Minute
+	}
+	for _, c := range cfg.Checks {
+		if c.Name == "" || c.Check == nil {
+			return nil, fmt.Errorf("httpapi: readiness check %q needs a name and a func", c.Name)
+		}
+	}
+	a := &API{cfg: cfg, log: cfg.Log, mux: http.NewServeMux()}
+	if a.log == nil {
+		a.log = slog.New(slog.DiscardHandler)
+	}
+	a.token = sha256.Sum256([]byte(cfg.Token))
+	a.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "coordinator_http_requests_total",
+		Help: "Admin API requests by route, method and status code.",
+	}, []string{"route", "method", "code"})
+	a.duration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "coordinator_http_request_duration_seconds",
+		Help:    "Admin API request duration by route.",
+		Buckets: prometheus.DefBuckets,
+	}, []string{"route"})
+	if cfg.Registerer != nil {
+		for _, c := range []prometheus.Collector{a.requests, a.duration} {
+			if err := cfg.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("httpapi: register metrics: %w", err)
+			}
+		}
+	}
+	a.routes()
+	return a, nil
+}
+
+// Drain makes the API refuse new work (POST /v1/* answers 503
+// SHUTTING_DOWN) and /readyz fail, while reads, health and metrics go on.
+func (a *API) Drain() { a.draining.Store(true) }
+
+// Draining reports whether Drain was called.
+func (a *API) Draining() bool { return a.draining.Load() }
+
+// ServeHTTP makes API an http.Handler.
+func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.instrument(a.mux).ServeHTTP(w, r) }
+
+func (a *API) routes() {
+	m := a.mux
+	m.HandleFunc("GET /healthz", a.healthz)
+	m.HandleFunc("GET /readyz", a.readyz)
+	if a.cfg.Metrics != nil {
+		m.Handle("GET /metrics", a.cfg.Metrics)
+	}
+	m.Handle("POST /v1/billruns", a.auth(a.postBillRun))
+	m.Handle("GET /v1/billruns/{period}", a.auth(a.getBillRun))
+	m.Handle("POST /v1/msisdn-reaper/sweeps", a.auth(a.postSweep))
+	m.Handle("GET /v1/locks", a.auth(a.getLocks))
+
+	// Other methods on known paths: 405 as a problem document.
+	allowed := map[string]string{
+		"/healthz": "GET, HEAD", "/readyz": "GET, HEAD",
+		"/v1/billruns": "POST", "/v1/billruns/{period}": "GET, HEAD",
+		"/v1/msisdn-reaper/sweeps": "POST", "/v1/locks": "GET, HEAD",
+	}
+	if a.cfg.Metrics != nil {
+		allowed["/metrics"] = "GET, HEAD"
+	}
+	for path, allow := range allowed {
+		m.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", allow)
+			writeProblem(w, r, newProblem(http.StatusMethodNotAllowed, CodeMethodNotAllowed,
+				fmt.Sprintf("%s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, allow)), 0)
+		})
+	}
+	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeProblem(w, r, newProblem(http.StatusNotFound, CodeNotFound, "no such resource"), 0)
+	})
+}
+
+type ctxKey int
+
+const requestIDKey ctxKey = 0
+
+func requestIDFrom(ctx context.Context) string {
+	id, _ := ctx.Value(requestIDKey).(string)
+	return id
+}
+
+// statusRecorder remembers the status code a handler wrote.
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	if s.status == 0 {
+		s.status = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusRecorder) Write(b []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+// instrument assigns the request id (X-Request-Id when usable, else a new
+// one), echoes it, and records metrics and one log line per request.
+func (a *API) instrument(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		id := r.Header.Get("X-Request-Id")
+		if !validRequestID(id) {
+			id = events.NewID()
+		}
+		w.Header().Set("X-Request-Id", id)
+		r = r.WithContext(context.WithValue(r.Context(), requestIDKey, id))
+		rec := &statusRecorder{ResponseWriter: w}
+		next.ServeHTTP(rec, r)
+		if rec.status == 0 {
+			rec.status = http.StatusOK
+		}
+		route := r.Pattern
+		if route == "" {
+			route = "unmatched"
+		}
+		a.requests.WithLabelValues(route, r.Method, fmt.Sprint(rec.status)).Inc()
+		a.duration.WithLabelValues(route).Observe(time.Since(start).Seconds())
+		level := slog.LevelDebug
+		if rec.status >= 500 {
+			level = slog.LevelWarn
+		}
+		a.log.Log(r.Context(), level, "http_request", "method", r.Method, "route", route,
+			"status", rec.status, "duration_ms", time.Since(start).Milliseconds(), "request_id", id)
+	})
+}
+
+// auth guards /v1/*: 403 with no token configured, 401 for a missing or
+// wrong bearer token. The comparison hashes both sides first so that it is
+// constant-time in the token's length as well as its content.
+func (a *API) auth(next http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if a.cfg.Token == "" {
+			writeProblem(w, r, newProblem(http.StatusForbidden, CodeForbidden,
+				"the admin API is disabled: COORDINATOR_ADMIN_TOKEN is not set"), 0)
+			return
+		}
+		const scheme = "bearer "
+		h := r.Header.Get("Authorization")
+		if len(h) < len(scheme) || !strings.EqualFold(h[:len(scheme)], scheme) {
+			writeProblem(w, r, newProblem(http.StatusUnauthorized, CodeUnauthorized,
+				"missing bearer token (Authorization: Bearer <token>)"), 0)
+			return
+		}
+		got := sha256.Sum256([]byte(strings.TrimSpace(h[len(scheme):])))
+		if subtle.ConstantTimeCompare(got[:], a.token[:]) != 1 {
+			writeProblem(w, r, newProblem(http.StatusUnauthorized, CodeUnauthorized, "invalid bearer token"), 0)
+			return
+		}
+		next(w, r)
+	})
+}
+
+func (a *API) healthz(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "replica": a.cfg.Replica})
+}
+
+// readyz runs every check concurrently; 503 names each failing dependency.
+func (a *API) readyz(w http.ResponseWriter, r *http.Request) {
+	results := make(map[string]string, len(a.cfg.Checks))
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, c := range a.cfg.Checks {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(r.Context(), a.cfg.CheckTimeout)
+			defer cancel()
+			res := "ok"
+			if err := runCheck(ctx, c); err != nil {
+				res = err.Error()
+			}
+			mu.Lock()
+			results[c.Name] = res
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	var failing []string
+	for _, c := range a.cfg.Checks {
+		if results[c.Name] != "ok" {
+			failing = append(failing, c.Name+": "+results[c.Name])
+		}
+	}
+	if a.Draining() {
+		failing = append(failing, "replica: shutting down")
+		results["replica"] = "shutting down"
+	}
+	if len(failing) > 0 {
+		p := newProblem(http.StatusServiceUnavailable, CodeNotReady, "not ready: "+strings.Join(failing, "; "))
+		p.Checks = results
+		writeProblem(w, r, p, 0)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "replica": a.cfg.Replica, "checks": results})
+}
+
+// runCheck calls c.Check, turning a panic or an overrun into an error.
+func runCheck(ctx context.Context, c Check) (err error) {
+	done := make(chan error, 1)
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				done <- fmt.Errorf("check panicked: %v", p)
+			}
+		}()
+		done <- c.Check(ctx)
+	}()
+	select {
+	case err = <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("no answer within %s", context.Cause(ctx))
+	}
+}
+
+// readBody reads the body under the size limit. It writes the problem and
+// returns false when the body is too large, of the wrong type or unreadable.
+func (a *API) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		mt, _, err := mime.ParseMediaType(ct)
+		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+			writeProblem(w, r, newProblem(http.StatusUnsupportedMediaType, CodeUnsupportedMediaType,
+				"send the body as application/json"), 0)
+			return nil, false
+		}
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, a.cfg.MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeProblem(w, r, newProblem(http.StatusRequestEntityTooLarge, CodePayloadTooLarge,
+				fmt.Sprintf("request body exceeds %d bytes", a.cfg.MaxBodyBytes)), 0)
+			return nil, false
+		}
+		writeProblem(w, r, newProblem(http.StatusBadRequest, CodeBadInput, "could not read the request body"), 0)
+		return nil, false
+	}
+	return body, true
+}
+
+func (a *API) refuseWhileDraining(w http.ResponseWriter, r *http.Request) bool {
+	if !a.Draining() {
+		return false
+	}
+	writeProblem(w, r, newProblem(http.StatusServiceUnavailable, CodeShuttingDown,
+		"this replica is shutting down and takes no new work; retry on another replica"), 5)
+	return true
+}
+
+// trigger builds the job trigger of an HTTP request: the body's request_id
+// wins over X-Request-Id (already in the context).
+func trigger(r *http.Request, requestID, requestedBy string) job.Trigger {
+	if requestID == "" {
+		requestID = requestIDFrom(r.Context())
+	}
+	if requestedBy == "" {
+		requestedBy = "http"
+	}
+	return job.Trigger{Source: job.SourceHTTP, RequestID: requestID, RequestedBy: requestedBy}
+}
+
+// BillRunAccepted is the body of a 202 answer.
+type BillRunAccepted struct {
+	job.Result
+	Status    string `json:"status"`
+	StatusURL string `json:"status_url"`
+}
+
+func (a *API) postBillRun(w http.ResponseWriter, r *http.Request) {
+	if a.refuseWhileDraining(w, r) {
+		return
+	}
+	body, ok := a.readBody(w, r)
+	if !ok {
+		return
+	}
+	req, err := DecodeBillRunRequest(body)
+	if err != nil {
+		writeProblem(w, r, newProblem(http.StatusBadRequest, CodeBadInput, err.Error()), 0)
+		return
+	}
+	t := trigger(r, req.RequestID, req.RequestedBy)
+	res, started, err := a.cfg.Dispatcher.StartBillRun(r.Context(), req.Period, t)
+	switch {
+	case errors.Is(err, job.ErrBadInput):
+		writeProblem(w, r, newProblem(http.StatusBadRequest, CodeBadInput, err.Error()), 0)
+		return
+	case err != nil:
+		if a.Draining() {
+			a.refuseWhileDraining(w, r)
+			return
+		}
+		a.log.Warn("http_billrun_error", "period", req.Period, "request_id", t.RequestID, "error", err)
+		writeProblem(w, r, newProblem(http.StatusInternalServerError, CodeInternal, "the bill run could not be started"), 0)
+		return
+	}
+	statusURL := "/v1/billruns/" + url.PathEscape(req.Period)
+	if started {
+		w.Header().Set("Location", statusURL)
+		writeJSON(w, http.StatusAccepted, BillRunAccepted{Result: res, Status: "started", StatusURL: statusURL})
+		return
+	}
+	a.writeResult(w, r, res)
+}
+
+func (a *API) postSweep(w http.ResponseWriter, r *http.Request) {
+	if a.refuseWhileDraining(w, r) {
+		return
+	}
+	body, ok := a.readBody(w, r)
+	if !ok {
+		return
+	}
+	req, err := DecodeSweepRequest(body)
+	if err != nil {
+		writeProblem(w, r, newProblem(http.StatusBadRequest, CodeBadInput, err.Error()), 0)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), a.cfg.SweepTimeout)
+	defer cancel()
+	res := a.cfg.Dispatcher.Sweep(ctx, trigger(r, req.RequestID, req.RequestedBy))
+	a.writeResult(w, r, res)
+}
+
+// writeResult answers with a final job result: 200 for completed and
+// already_completed, a problem document otherwise.
+func (a *API) writeResult(w http.ResponseWriter, r *http.Request, res job.Result) {
+	var p Problem
+	retry := 0
+	switch res.Outcome {
+	case job.OutcomeCompleted, job.OutcomeAlreadyCompleted:
+		writeJSON(w, http.StatusOK, res)
+		return
+	case job.OutcomeAlreadyOwned:
+		detail := fmt.Sprintf("%s is owned by another replica", res.Key)
+		if res.Owner != "" {
+			detail = fmt.Sprintf("%s is owned by %s", res.Key, res.Owner)
+		}
+		p = newProblem(http.StatusConflict, CodeLockAcquisitionFailed, detail)
+		p.Reason = string(ownership.ReasonAlreadyOwned)
+		p.Owner = res.Owner
+	case job.OutcomeUnavailable:
+		p = newProblem(http.StatusServiceUnavailable, CodeLockAcquisitionFailed,
+			withCause("the lock backend is unavailable; nothing was run", res.Error))
+		p.Reason = string(ownership.ReasonUnavailable)
+		retry = 5
+	case job.OutcomeLost:
+		p = newProblem(http.StatusServiceUnavailable, CodeOwnershipLost,
+			withCause("ownership was lost before the work finished; a later trigger resumes it", res.Error))
+		p.Reason = "lost"
+		p.Owner = res.Owner
+		retry = 5
+	default:
+		p = newProblem(http.StatusInternalServerError, CodeRunFailed, withCause("the run failed", res.Error))
+		p.Reason = string(res.Outcome)
+	}
+	p.LockKey = res.Key
+	writeProblem(w, r, p, retry)
+}
+
+func withCause(msg, cause string) string {
+	if cause == "" {
+		return msg
+	}
+	return msg + ": " + cause
+}
+
+func (a *API) getBillRun(w http.ResponseWriter, r *http.Request) {
+	period := r.PathValue("period")
+	if err := checkText("period", period, maxPeriodLen); err != nil {
+		writeProblem(w, r, newProblem(http.StatusBadRequest, CodeBadInput, err.Error()), 0)
+		return
+	}
+	if a.cfg.Status == nil {
+		writeProblem(w, r, newProblem(http.StatusNotFound, CodeNotFound, "no bill run for "+period), 0)
+		return
+	}
+	st, err := a.cfg.Status(r.Context(), period)
+	switch {
+	case err == nil:
+		writeJSON(w, http.StatusOK, st)
+	case errors.Is(err, job.ErrBadInput):
+		writeProblem(w, r, newProblem(http.StatusBadRequest, CodeBadInput, err.Error()), 0)
+	case errors.Is(err, ErrNotFound):
+		writeProblem(w, r, newProblem(http.StatusNotFound, CodeNotFound, "no bill run for "+period), 0)
+	default:
+		a.log.Warn("http_billrun_status_error", "period", period, "error", err)
+		writeProblem(w, r, newProblem(http.StatusServiceUnavailable, CodeBackendUnavailable,
+			"bill-run state could not be read: "+err.Error()), 5)
+	}
+}
+
+func (a *API) getLocks(w http.ResponseWriter, r *http.Request) {
+	locks := []ownership.LockInfo{}
+	if a.cfg.Locks != nil {
+		got, err := a.cfg.Locks.Locks(r.Context())
+		if err != nil {
+			a.log.Warn("http_locks_error", "error", err)
+			writeProblem(w, r, newProblem(http.StatusServiceUnavailable, CodeBackendUnavailable,
+				"locks could not be listed: "+err.Error()), 5)
+			return
+		}
+		if got != nil {
+			locks = got
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"locks": locks})
+}

@@ -1,0 +1,95 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+)
+
+// Error codes carried in the `code` member of every problem document.
+// LOCK_ACQUISITION_FAILED is ADR-024's; the others are this API's.
+const (
+	CodeLockAcquisitionFailed = "LOCK_ACQUISITION_FAILED"
+	CodeBadInput              = "BAD_INPUT"
+	CodeUnauthorized          = "UNAUTHORIZED"
+	CodeForbidden             = "FORBIDDEN"
+	CodeNotFound              = "NOT_FOUND"
+	CodeMethodNotAllowed      = "METHOD_NOT_ALLOWED"
+	CodePayloadTooLarge       = "PAYLOAD_TOO_LARGE"
+	CodeUnsupportedMediaType  = "UNSUPPORTED_MEDIA_TYPE"
+	CodeShuttingDown          = "SHUTTING_DOWN"
+	CodeNotReady              = "NOT_READY"
+	CodeOwnershipLost         = "OWNERSHIP_LOST"
+	CodeRunFailed             = "RUN_FAILED"
+	CodeBackendUnavailable    = "BACKEND_UNAVAILABLE"
+	CodeInternal              = "INTERNAL"
+)
+
+// ProblemContentType is RFC 9457's media type.
+const ProblemContentType = "application/problem+json"
+
+// problemTypeBase prefixes the `type` URI of every problem: a stable,
+// dereferenceable-looking name per code (RFC 9457 allows non-resolvable URIs).
+const problemTypeBase = "urn:telco-platform:coordinator:problem:"
+
+// Problem is an RFC 9457 problem document plus ADR-024's members: code,
+// reason, lockKey and owner where they apply.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+	// Instance is the request path.
+	Instance string `json:"instance,omitempty"`
+
+	Code      string `json:"code"`
+	Reason    string `json:"reason,omitempty"`
+	LockKey   string `json:"lockKey,omitempty"`
+	Owner     string `json:"owner,omitempty"`
+	RequestID string `json:"requestId,omitempty"`
+	// Checks is readiness's per-dependency detail (name -> "ok" or the failure).
+	Checks map[string]string `json:"checks,omitempty"`
+}
+
+func newProblem(status int, code, detail string) Problem {
+	return Problem{
+		Type:   problemTypeBase + code,
+		Title:  http.StatusText(status),
+		Status: status,
+		Detail: detail,
+		Code:   code,
+	}
+}
+
+// writeProblem writes p with its status. retryAfter > 0 adds a Retry-After
+// header in seconds (503 answers: unavailable, shutting down).
+func writeProblem(w http.ResponseWriter, r *http.Request, p Problem, retryAfter int) {
+	if p.Instance == "" && r != nil {
+		p.Instance = r.URL.Path
+	}
+	if p.RequestID == "" && r != nil {
+		p.RequestID = requestIDFrom(r.Context())
+	}
+	h := w.Header()
+	h.Set("Content-Type", ProblemContentType)
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	if retryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(retryAfter))
+	}
+	if p.Status == http.StatusUnauthorized {
+		h.Set("WWW-Authenticate", `Bearer realm="coordinator"`)
+	}
+	w.WriteHeader(p.Status)
+	_ = json.NewEncoder(w).Encode(p)
+}
+
+// writeJSON writes v as application/json with status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
