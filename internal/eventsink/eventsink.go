@@ -6,7 +6,10 @@
 // background pump hands to the Kafka client, at most MaxInFlight at a time.
 // If Kafka is unreachable the events wait; once the buffer is full the
 // oldest waiting event is dropped, counted in coordinator_events_dropped_total
-// and logged. coordinator_events_buffered shows what waits (buffer plus
+// and logged. (The up to MaxInFlight events already handed to the client
+// are not dropped: the idempotent producer delivers them once Kafka is back.
+// So during a long outage the first MaxInFlight events and the newest
+// BufferSize-MaxInFlight survive.) coordinator_events_buffered shows what waits (buffer plus
 // in flight), which never exceeds BufferSize.
 //
 // What happens on failure: a record the client gives up on (only records to
@@ -152,6 +155,7 @@ type Kafka struct {
 	head, n   int
 	inflight  int
 	stopped   bool
+	closed    bool // client closed; counts are final
 	started   bool
 	changed   chan struct{} // closed and replaced whenever n or inflight changes
 	dropped   int64
@@ -182,7 +186,7 @@ func New(cfg Config) (*Kafka, error) {
 	}
 	return &Kafka{
 		cfg: cfg, cl: cl, log: cfg.Log,
-		ring:    make([]*kgo.Record, cfg.BufferSize-cfg.MaxInFlight),
+		ring:    make([]*kgo.Record, cfg.BufferSize),
 		changed: make(chan struct{}),
 		wake:    make(chan struct{}, 1),
 		quit:    make(chan struct{}),
@@ -233,7 +237,7 @@ func (k *Kafka) Emit(_ context.Context, e events.Event) {
 		k.mu.Unlock()
 		return
 	}
-	if k.n == len(k.ring) {
+	if k.n+k.inflight >= k.cfg.BufferSize {
 		old := k.popLocked()
 		k.dropLocked(1, "buffer full", eventType(old))
 	}
@@ -295,8 +299,14 @@ func (k *Kafka) Stop() {
 		if started {
 			<-k.done
 		}
-		k.cl.Close() // fails records still in the client; their promises count them
+		k.cl.Close()
 		k.mu.Lock()
+		k.closed = true
+		if k.inflight > 0 { // the client gave up on them; late promises are ignored
+			k.dropLocked(k.inflight, "sink stopped", "")
+			k.inflight = 0
+			k.signalLocked()
+		}
 		if k.n > 0 {
 			n := k.n
 			for k.n > 0 {
@@ -314,8 +324,8 @@ func (k *Kafka) pump() {
 	for {
 		k.mu.Lock()
 		for k.n > 0 && k.inflight < k.cfg.MaxInFlight && !k.stopped {
+			k.inflight++ // before pop, so the gauge never shows it missing
 			rec := k.popLocked()
-			k.inflight++
 			k.mu.Unlock()
 			// The client never holds more than MaxInFlight records and its
 			// buffer is one larger, so Produce does not block here.
@@ -333,11 +343,15 @@ func (k *Kafka) pump() {
 
 func (k *Kafka) promise(rec *kgo.Record, err error) {
 	k.mu.Lock()
-	k.inflight--
+	if !k.closed {
+		k.inflight--
+	}
 	switch {
 	case err == nil:
 		k.published++
 		k.cfg.Metrics.ok()
+	case k.closed:
+		// Stop already counted it.
 	case k.stopped:
 		k.dropLocked(1, "sink stopped", eventType(rec))
 	default:
@@ -347,7 +361,7 @@ func (k *Kafka) promise(rec *kgo.Record, err error) {
 		}
 		// Back to the head of the buffer, so order is kept as far as possible.
 		retry := &kgo.Record{Topic: rec.Topic, Key: rec.Key, Value: rec.Value, Headers: rec.Headers}
-		if k.n == len(k.ring) {
+		if k.n+k.inflight >= k.cfg.BufferSize {
 			k.dropLocked(1, "buffer full", eventType(rec))
 		} else {
 			k.pushFrontLocked(retry)
