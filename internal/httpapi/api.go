@@ -413,11 +413,12 @@ func (a *API) postBillRun(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, job.ErrBadInput):
 		writeProblem(w, r, newProblem(http.StatusBadRequest, CodeBadInput, err.Error()), 0)
 		return
+	case err != nil && (a.Draining() || res.Outcome == job.OutcomeUnavailable):
+		// The dispatcher refused the work (it is shutting down).
+		writeProblem(w, r, newProblem(http.StatusServiceUnavailable, CodeShuttingDown,
+			"this replica takes no new work; retry on another replica"), 5)
+		return
 	case err != nil:
-		if a.Draining() {
-			a.refuseWhileDraining(w, r)
-			return
-		}
 		a.log.Warn("http_billrun_error", "period", req.Period, "request_id", t.RequestID, "error", err)
 		writeProblem(w, r, newProblem(http.StatusInternalServerError, CodeInternal, "the bill run could not be started"), 0)
 		return

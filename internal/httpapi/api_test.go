@@ -33,11 +33,12 @@ var periodRE = regexp.MustCompile(`^2[0-9]{3}-(0[1-9]|1[0-2])$`)
 // fakeDispatcher stands in for trigger.Dispatcher behind the API's own
 // interface. Outcomes are chosen per period; it records the triggers.
 type fakeDispatcher struct {
-	mu       sync.Mutex
-	outcomes map[string]job.Outcome
-	sweep    job.Outcome
-	err      error
-	triggers []job.Trigger
+	mu         sync.Mutex
+	outcomes   map[string]job.Outcome
+	sweep      job.Outcome
+	err        error
+	errOutcome job.Outcome
+	triggers   []job.Trigger
 }
 
 func (f *fakeDispatcher) StartBillRun(_ context.Context, period string, t job.Trigger) (job.Result, bool, error) {
@@ -45,7 +46,7 @@ func (f *fakeDispatcher) StartBillRun(_ context.Context, period string, t job.Tr
 	defer f.mu.Unlock()
 	f.triggers = append(f.triggers, t)
 	if f.err != nil {
-		return job.Result{}, false, f.err
+		return job.Result{Outcome: f.errOutcome}, false, f.err
 	}
 	if !periodRE.MatchString(period) {
 		return job.Result{}, false, job.BadInput("period %q is not YYYY-MM", period)
@@ -341,6 +342,14 @@ func TestPostBillRun(t *testing.T) {
 		r := b.do(t, "POST", "/v1/billruns", `period=2026-11`, "Content-Type", "application/x-www-form-urlencoded")
 		require.Equal(t, http.StatusUnsupportedMediaType, r.code)
 		require.Equal(t, httpapi.CodeUnsupportedMediaType, r.problem.Code)
+	})
+	t.Run("dispatcher refusal is a 503", func(t *testing.T) {
+		nb := setup(t, nil)
+		nb.disp.err = errors.New("trigger: dispatcher shutting down")
+		nb.disp.errOutcome = job.OutcomeUnavailable
+		r := nb.do(t, "POST", "/v1/billruns", `{"period":"2026-11"}`)
+		require.Equal(t, http.StatusServiceUnavailable, r.code)
+		require.Equal(t, httpapi.CodeShuttingDown, r.problem.Code)
 	})
 	t.Run("dispatcher error is a 500 without internals", func(t *testing.T) {
 		nb := setup(t, nil)

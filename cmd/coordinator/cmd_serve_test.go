@@ -1,0 +1,63 @@
+package main
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/telco-platform/coordinator/internal/job"
+)
+
+func TestServeRejectsBadConfigBeforeTouchingServices(t *testing.T) {
+	t.Parallel()
+	// Every address points where nothing listens: a config error must come
+	// first, with exit 64 (a failed dial would be 69) and a message naming
+	// the variable and the value.
+	base := map[string]string{
+		"COORDINATOR_DATABASE_URL":   "postgres://u@127.0.0.1:1/x",
+		"COORDINATOR_LOCK_REDIS_URL": "redis://127.0.0.1:1/0",
+		"COORDINATOR_KAFKA_BROKERS":  "127.0.0.1:1",
+	}
+	with := func(k, v string) map[string]string {
+		env := map[string]string{k: v}
+		for bk, bv := range base {
+			if bk != k {
+				env[bk] = bv
+			}
+		}
+		return env
+	}
+	cases := []struct {
+		name string
+		env  map[string]string
+		args []string
+		want []string
+	}{
+		{"bad wait time", with("COORDINATOR_LOCK_WAIT_TIME", "banana"), nil, []string{"COORDINATOR_LOCK_WAIT_TIME", "banana"}},
+		{"bad schedule", with("COORDINATOR_REAPER_SCHEDULE", "every tuesday"), nil, []string{"COORDINATOR_REAPER_SCHEDULE", "every tuesday"}},
+		{"bad http addr", with("COORDINATOR_HTTP_ADDR", "nowhere"), nil, []string{"COORDINATOR_HTTP_ADDR"}},
+		{"bad flag value", base, []string{"--shutdown-timeout", "soon"}, []string{"COORDINATOR_SHUTDOWN_TIMEOUT", "soon"}},
+		{"bad test hook", with(envTestBatchDelay, "slow"), nil, []string{envTestBatchDelay, "slow"}},
+		{"no database", with("COORDINATOR_DATABASE_URL", ""), nil, []string{"COORDINATOR_DATABASE_URL"}},
+		{"stray argument", base, []string{"now"}, []string{"unexpected arguments"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			code, _, errs := runCLI(t, c.env, append([]string{"serve"}, c.args...)...)
+			require.Equal(t, job.ExitUsage, code, errs)
+			for _, w := range c.want {
+				require.Contains(t, errs, w)
+			}
+		})
+	}
+}
+
+func TestScheduleLocation(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "Asia/Tokyo", scheduleLocation("CRON_TZ=Asia/Tokyo 0 2 1 * *").String())
+	require.Equal(t, "America/New_York", scheduleLocation("TZ=America/New_York 0 2 1 * *").String())
+	require.Equal(t, time.Local, scheduleLocation("0 2 1 * *"))
+	require.Equal(t, time.Local, scheduleLocation("CRON_TZ=Nowhere/Atlantis 0 2 1 * *"))
+}
