@@ -1,0 +1,125 @@
+package msisdnreaper
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/telco-platform/coordinator/internal/events"
+	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/ownership"
+	"github.com/telco-platform/coordinator/internal/testenv"
+)
+
+var cliTrigger = job.Trigger{Source: job.SourceCLI, RequestID: "req-1"}
+
+// snapshotKept copies every row a sweep must not touch (all but the stale
+// reservations) and returns a check that they are unchanged, column for
+// column, and that no stale reservation is left.
+func snapshotKept(t testing.TB, pg *testenv.PG) (check func(wantStaleLeft int64)) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := pg.Pool.Exec(ctx, `create table kept_snapshot as
+		select * from msisdn_pool where not (state = 'RESERVED' and reserved_until < now())`)
+	require.NoError(t, err)
+	return func(wantStaleLeft int64) {
+		t.Helper()
+		var kept, same, stale int64
+		require.NoError(t, pg.Pool.QueryRow(ctx, `select
+			(select count(*) from kept_snapshot),
+			(select count(*) from kept_snapshot s join msisdn_pool p using (msisdn)
+			  where (s.state, s.reserved_until, s.reserved_by, s.subscriber_id, s.updated_at)
+			        is not distinct from (p.state, p.reserved_until, p.reserved_by, p.subscriber_id, p.updated_at)),
+			(select count(*) from msisdn_pool where state = 'RESERVED' and reserved_until < now())`).
+			Scan(&kept, &same, &stale))
+		require.Equal(t, kept, same, "valid reservations, allocations and free numbers are untouched")
+		require.Equal(t, wantStaleLeft, stale, "stale reservations left")
+	}
+}
+
+func eventTypes(r *events.Recorder) []events.Type {
+	var out []events.Type
+	for _, e := range r.Events() {
+		out = append(out, e.Type)
+	}
+	return out
+}
+
+func TestSweepFreesOnlyStaleReservations(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pg := testenv.Postgres(t)
+	_, err := Seed(ctx, pg.Pool, SeedSpec{Free: 100, StaleReserved: 250, ValidReserved: 60, Allocated: 40})
+	require.NoError(t, err)
+	check := snapshotKept(t, pg)
+
+	rec := &events.Recorder{}
+	s := NewSweeper(pg.Pool, memLocker(t, "replica-a", time.Second), rec,
+		Config{ReplicaID: "replica-a", BatchSize: 7, Workers: 3})
+	res := s.Sweep(ctx, cliTrigger)
+	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
+	require.Equal(t, int64(250), res.Counts["freed"])
+	require.GreaterOrEqual(t, res.Counts["batches"], int64(36))
+	require.Equal(t, int64(0), res.Counts["deadline_reached"])
+	require.Equal(t, JobName, res.Job)
+	require.Equal(t, SweepKey, res.Key)
+	require.Equal(t, "replica-a", res.Owner)
+	require.Positive(t, res.Fence)
+	check(0)
+	require.Equal(t, map[State]int64{StateFree: 350, StateReserved: 60, StateAllocated: 40}, counts(t, pg))
+
+	require.Equal(t, []events.Type{events.OwnershipAcquired, events.RunCompleted, events.OwnershipReleased}, eventTypes(rec))
+	done := rec.OfType(events.RunCompleted)[0]
+	require.Equal(t, int64(250), done.Extra["freed"])
+	require.Equal(t, "cli", done.Trigger)
+	require.Equal(t, "req-1", done.RequestID)
+	require.Equal(t, res.Fence, done.Fence)
+	require.Equal(t, "delete", rec.OfType(events.OwnershipReleased)[0].Extra["release"])
+
+	// Nothing stale left: the next sweep frees nothing and still completes.
+	res = s.Sweep(ctx, cliTrigger)
+	require.Equal(t, job.OutcomeCompleted, res.Outcome)
+	require.Equal(t, int64(0), res.Counts["freed"])
+}
+
+func TestSweepFailsClosedWhenTheLockIsUnavailable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pg := testenv.Postgres(t)
+	_, err := Seed(ctx, pg.Pool, SeedSpec{StaleReserved: 10})
+	require.NoError(t, err)
+	l := memLocker(t, "replica-a", time.Second)
+	l.SetUnavailable(true)
+	rec := &events.Recorder{}
+	res := NewSweeper(pg.Pool, l, rec, Config{ReplicaID: "replica-a"}).Sweep(ctx, cliTrigger)
+	require.Equal(t, job.OutcomeUnavailable, res.Outcome)
+	require.Equal(t, job.ExitUnavailable, res.Outcome.ExitCode())
+	require.Contains(t, res.Error, ownership.CodeLockAcquisitionFailed)
+	require.Equal(t, []events.Type{events.OwnershipUnavailable}, eventTypes(rec))
+	require.Equal(t, map[State]int64{StateReserved: 10}, counts(t, pg), "nothing runs without the lock")
+}
+
+func TestSweepRejectsInvalidConfig(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{}, "ReplicaID"},
+		{Config{ReplicaID: "r", Workers: -1}, "Workers = -1"},
+		{Config{ReplicaID: "r", BatchSize: 100_001}, "BatchSize = 100001"},
+		{Config{ReplicaID: "r", Lease: time.Second, SafetyMargin: time.Second}, "SafetyMargin = 1s"},
+		{Config{ReplicaID: "r", MinHold: -time.Second}, "MinHold = -1s"},
+	} {
+		require.ErrorContains(t, tc.cfg.Validate(), tc.want)
+		rec := &events.Recorder{}
+		// The config is checked before the lock or the database is touched.
+		res := NewSweeper(nil, nil, rec, tc.cfg).Sweep(context.Background(), cliTrigger)
+		require.Equal(t, job.OutcomeFailed, res.Outcome)
+		require.Contains(t, res.Error, tc.want)
+		require.Equal(t, []events.Type{events.RunFailed}, eventTypes(rec))
+	}
+	require.NoError(t, Config{ReplicaID: "r"}.Validate())
+}
