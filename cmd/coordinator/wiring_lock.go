@@ -1,0 +1,66 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/telco-platform/coordinator/internal/config"
+	"github.com/telco-platform/coordinator/internal/ownership"
+	"github.com/telco-platform/coordinator/internal/ownership/redislock"
+)
+
+// openLocker builds the process's one Locker from the configuration:
+// redislock on COORDINATOR_LOCK_REDIS_URL, or, with
+// COORDINATOR_LOCK_ENABLED=false, the in-memory Locker (single-replica mode,
+// loudly logged). Closing the Locker also closes its Redis client. The
+// returned Locker is also an ownership.Inspector; the Redis one has
+// Ping(ctx) error for readiness.
+func openLocker(ctx context.Context, cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (ownership.Locker, error) {
+	metrics := ownership.NewMetrics(reg)
+	if !cfg.LockEnabled {
+		log.Warn("lock_disabled_single_replica_mode",
+			"detail", "COORDINATOR_LOCK_ENABLED=false: in-memory locker, NO exclusion across replicas; run exactly one replica",
+			"owner", cfg.ReplicaID)
+		return ownership.NewMemoryLocker(ownership.MemoryConfig{
+			Owner: cfg.ReplicaID, WaitTime: cfg.LockWaitTime, WatchdogTimeout: cfg.LockWatchdogTimeout, Metrics: metrics,
+		}), nil
+	}
+	client, err := redislock.NewClient(cfg.LockRedisURL, cfg.LockRedisMode)
+	if err != nil {
+		return nil, err
+	}
+	l, err := redislock.New(client, redislock.Config{
+		Prefix: cfg.LockKeyPrefix, Owner: cfg.ReplicaID, WaitTime: cfg.LockWaitTime,
+		WatchdogTimeout: cfg.LockWatchdogTimeout, Logger: log, Metrics: metrics,
+	})
+	if err != nil {
+		_ = client.Close()
+		return nil, err
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := l.Ping(pingCtx); err != nil {
+		// Not fatal: acquisitions fail closed until Redis answers.
+		log.Warn("lock_backend_unreachable", "mode", cfg.LockRedisMode, "error", err)
+	}
+	return &clientLocker{Locker: l, client: client}, nil
+}
+
+// clientLocker closes the Redis client after the Locker.
+type clientLocker struct {
+	*redislock.Locker
+	client redis.UniversalClient
+}
+
+func (c *clientLocker) Close() error {
+	err := c.Locker.Close()
+	if cerr := c.client.Close(); cerr != nil && !errors.Is(cerr, redis.ErrClosed) {
+		err = errors.Join(err, cerr)
+	}
+	return err
+}

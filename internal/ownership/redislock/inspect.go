@@ -1,0 +1,83 @@
+package redislock
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/telco-platform/coordinator/internal/ownership"
+)
+
+// Locks implements ownership.Inspector: it SCANs <prefix>:{*}:lock on every
+// master and reads each hash. Sorted by key.
+func (l *Locker) Locks(ctx context.Context) ([]ownership.LockInfo, error) {
+	pattern := l.cfg.Prefix + ":{*}:lock"
+	var mu sync.Mutex
+	var names []string
+	scan := func(ctx context.Context, c redis.Cmdable) error {
+		iter := c.Scan(ctx, 0, pattern, 1000).Iterator()
+		for iter.Next(ctx) {
+			mu.Lock()
+			names = append(names, iter.Val())
+			mu.Unlock()
+		}
+		return iter.Err()
+	}
+	var err error
+	if cc, ok := l.client.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return scan(ctx, c) })
+	} else {
+		err = scan(ctx, l.client)
+	}
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(names)
+	names = slices.Compact(names)
+	pipe := l.client.Pipeline()
+	hm := make([]*redis.SliceCmd, len(names))
+	pt := make([]*redis.DurationCmd, len(names))
+	for i, n := range names {
+		hm[i] = pipe.HMGet(ctx, n, "replica", "fence", "holds")
+		pt[i] = pipe.PTTL(ctx, n)
+	}
+	if len(names) > 0 {
+		if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
+			return nil, err
+		}
+	}
+	out := make([]ownership.LockInfo, 0, len(names))
+	for i, n := range names {
+		key, ok := l.keyOf(n)
+		vals, err := hm[i].Result()
+		if !ok || err != nil || len(vals) != 3 || vals[0] == nil {
+			continue // released between SCAN and HMGET, or not ours
+		}
+		info := ownership.LockInfo{Key: key, Owner: str(vals[0]), Fence: num(vals[1]), Holds: num(vals[2])}
+		if d, err := pt[i].Result(); err == nil && d > 0 {
+			info.TTL = d.Round(time.Millisecond)
+		}
+		out = append(out, info)
+	}
+	return out, nil
+}
+
+func str(v any) string {
+	s, _ := v.(string)
+	return s
+}
+
+func num(v any) int64 {
+	var n int64
+	for _, c := range strings.TrimSpace(str(v)) {
+		if c < '0' || c > '9' {
+			return 0
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return n
+}

@@ -1,0 +1,70 @@
+package redislock
+
+import "github.com/redis/go-redis/v9"
+
+// The lock is a hash at <prefix>:{<key>}:lock with fields
+//
+//	owner   the lease's token (replica id + random, unique per acquisition)
+//	replica the replica id, shown to contenders and in `coordinator locks`
+//	holds   the hold count (reentrant acquisitions)
+//	fence   the fencing token of this acquisition
+//
+// and a PTTL. The fence counter <prefix>:{<key>}:fence never expires: it is
+// one integer per key ever locked, and "strictly increasing per key" must
+// survive any idle gap. Every script touches keys of one hash tag only, so
+// all of them run in one cluster slot (no CROSSSLOT).
+
+// acquireScript: KEYS lock, fence; ARGV token, replica, ttl ms.
+// Returns {1, fence} when acquired (also when this very token already holds
+// it: a retried request is idempotent), else {0, pttl, replica}.
+var acquireScript = redis.NewScript(`
+local cur = redis.call('hmget', KEYS[1], 'owner', 'fence')
+if cur[1] == false then
+  local fence = redis.call('incr', KEYS[2])
+  redis.call('hset', KEYS[1], 'owner', ARGV[1], 'replica', ARGV[2], 'holds', 1, 'fence', fence)
+  redis.call('pexpire', KEYS[1], ARGV[3])
+  return {1, fence}
+end
+if cur[1] == ARGV[1] then
+  return {1, tonumber(cur[2])}
+end
+return {0, redis.call('pttl', KEYS[1]), redis.call('hget', KEYS[1], 'replica') or ''}
+`)
+
+// reenterScript: KEYS lock; ARGV token, fence. Returns {holds, ”} when the
+// term still holds the lock, else {0, replica of the current owner or ”}.
+var reenterScript = redis.NewScript(`
+local cur = redis.call('hmget', KEYS[1], 'owner', 'fence', 'replica')
+if cur[1] == ARGV[1] and cur[2] == ARGV[2] then
+  return {redis.call('hincrby', KEYS[1], 'holds', 1), ''}
+end
+return {0, cur[3] or ''}
+`)
+
+// releaseScript: KEYS lock, channel; ARGV token, fence. Gives up one hold:
+// returns the holds left (0: deleted and a release message published), or
+// -1 when the term no longer holds the lock (nothing is touched).
+var releaseScript = redis.NewScript(`
+local cur = redis.call('hmget', KEYS[1], 'owner', 'fence')
+if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] then
+  return -1
+end
+local holds = redis.call('hincrby', KEYS[1], 'holds', -1)
+if holds > 0 then
+  return holds
+end
+redis.call('del', KEYS[1])
+redis.call('publish', KEYS[2], ARGV[2])
+return 0
+`)
+
+// renewScript: KEYS lock; ARGV token, fence, ttl ms. Returns 1 when the term
+// still holds the lock (its TTL is reset), else 0.
+var renewScript = redis.NewScript(`
+local cur = redis.call('hmget', KEYS[1], 'owner', 'fence')
+if cur[1] == ARGV[1] and cur[2] == ARGV[2] then
+  redis.call('pexpire', KEYS[1], ARGV[3])
+  return 1
+end
+return 0
+`)
