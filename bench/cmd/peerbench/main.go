@@ -1,0 +1,360 @@
+// Command peerbench runs the same lock workloads against the raw Redis floor,
+// our Redis Locker, redsync v4, bsm/redislock and (through the Java harness in
+// bench/redisson) Redisson's RLock, all against one Redis, and writes a
+// markdown table, a JSON file and an SVG chart of handoff latency.
+//
+// Workloads (issue 8):
+//
+//	a  uncontended acquire+release, 1 worker: pairs/s, p50/p99 latency
+//	b  16 workers on distinct keys: pairs/s
+//	c  4 and 32 workers on one key, each holding 1 ms: acquisitions/s,
+//	   handoff p50/p99 (release start to the next acquire), fairness
+//	d  10,000 watchdog-held locks in one process: CPU s, Redis commands/s,
+//	   RSS, goroutines/threads (one child process per library)
+//	e  lost-lock detection: the key deleted behind the holder's back, time
+//	   until the holder knows
+//
+// Usage: see bench/README.md; bench/run-peers starts a Redis and runs it all.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "peerbench:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	addr         string
+	duration     time.Duration
+	warmup       time.Duration
+	holdWork     time.Duration
+	holdDuration time.Duration
+	locks        int
+	lostWatchdog time.Duration
+	trials       int
+	workloads    string
+	only         string
+	java         string
+	out          string
+	command      string
+	childHold    string
+	load         string
+}
+
+func run(args []string) error {
+	var o options
+	fs := flag.NewFlagSet("peerbench", flag.ContinueOnError)
+	fs.StringVar(&o.addr, "redis", "127.0.0.1:16390", "Redis host:port (a Redis of the benchmark's own)")
+	fs.DurationVar(&o.duration, "duration", 3*time.Second, "measured window of workloads a, b, c")
+	fs.DurationVar(&o.warmup, "warmup", time.Second, "warm-up before a (half of it before b and c)")
+	fs.DurationVar(&o.holdWork, "hold-work", time.Millisecond, "time a contended holder keeps the lock (c)")
+	fs.DurationVar(&o.holdDuration, "hold-duration", 60*time.Second, "measured window of workload d")
+	fs.IntVar(&o.locks, "locks", 10000, "watchdog-held locks in workload d")
+	fs.DurationVar(&o.lostWatchdog, "lost-watchdog", 3*time.Second, "watchdog timeout (TTL) in workload e; detection bound is 3x")
+	fs.IntVar(&o.trials, "trials", 5, "lost-lock trials per library (e)")
+	fs.StringVar(&o.workloads, "workloads", "abcde", "workloads to run, letters a..e")
+	fs.StringVar(&o.only, "libs", "", "comma-separated library names to run (default all)")
+	fs.StringVar(&o.java, "java", "", "command line of the Redisson harness (empty: skip Redisson)")
+	fs.StringVar(&o.out, "out", "bench/results", "directory for peers.md, peers.json, handoff.svg")
+	fs.StringVar(&o.command, "command", "", "the command line to record in the report")
+	fs.StringVar(&o.load, "load-note", "", "a note on machine load to record in the report")
+	fs.StringVar(&o.childHold, "child-hold", "", "internal: run as the workload-d child for this library")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg := libConfig{addr: o.addr, ttl: 30 * time.Second, watchdog: 30 * time.Second, wait: 5 * time.Second}
+
+	if o.childHold != "" {
+		spec, err := findLib(o.childHold)
+		if err != nil {
+			return err
+		}
+		return runHoldChild(spec, cfg, o.locks)
+	}
+
+	admin := redis.NewClient(&redis.Options{Addr: o.addr})
+	defer admin.Close()
+	ctx := context.Background()
+	if err := admin.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redis %s: %w", o.addr, err)
+	}
+	rep := report{Meta: collectMeta(ctx, admin, o)}
+	p := params{duration: o.duration, warmup: o.warmup, holdWork: o.holdWork, trials: o.trials, maxSamples: 2_000_000}
+	want := func(spec string, w byte) bool {
+		return strings.IndexByte(o.workloads, w) >= 0 && strings.IndexByte(spec, w) >= 0
+	}
+	selected := func(name string) bool {
+		if o.only == "" {
+			return true
+		}
+		for _, n := range strings.Split(o.only, ",") {
+			if strings.TrimSpace(n) == name {
+				return true
+			}
+		}
+		return false
+	}
+	logf := func(format string, a ...any) {
+		fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, a...)...)
+	}
+
+	// a, b, c, e for the Go libraries, in this process.
+	for _, spec := range libs {
+		if !selected(spec.name) {
+			continue
+		}
+		l, err := spec.build(cfg)
+		if err != nil {
+			return fmt.Errorf("%s: %w", spec.name, err)
+		}
+		add := func(r Result) {
+			r.Descriptor = spec.desc
+			logf("%-22s %-16s %s", spec.name, r.Workload, r.brief())
+			rep.Results = append(rep.Results, r)
+		}
+		if want(spec.workloads, 'a') {
+			add(runUncontended(l, spec.name, p))
+		}
+		if want(spec.workloads, 'b') {
+			add(runDistinct(l, spec.name, 16, p))
+		}
+		if want(spec.workloads, 'c') {
+			add(runContended(l, spec.name, 4, p))
+			add(runContended(l, spec.name, 32, p))
+		}
+		if err := l.close(); err != nil {
+			return err
+		}
+		if want(spec.workloads, 'e') {
+			lcfg := cfg
+			lcfg.watchdog = o.lostWatchdog
+			ll, err := spec.build(lcfg)
+			if err != nil {
+				return err
+			}
+			r := runLost(ll, spec.name, admin, o.lostWatchdog, p)
+			r.Mechanism = cmpOr(spec.lostMechanism, r.Mechanism)
+			add(r)
+			if err := ll.close(); err != nil {
+				return err
+			}
+		}
+	}
+
+	// Redisson: a, b, c, e in one JVM.
+	if o.java != "" && selected("redisson") && strings.ContainsAny(o.workloads, "abce") {
+		rs, jmeta, err := runJavaSuite(o)
+		if err != nil {
+			return fmt.Errorf("redisson suite: %w", err)
+		}
+		for _, r := range rs {
+			logf("%-22s %-16s %s", r.Library, r.Workload, r.brief())
+		}
+		rep.Results = append(rep.Results, rs...)
+		for k, v := range jmeta {
+			rep.Meta.Versions[k] = v
+		}
+	}
+
+	// d: a child process per library.
+	if strings.IndexByte(o.workloads, 'd') >= 0 {
+		self, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		for _, spec := range libs {
+			if !selected(spec.name) || !want(spec.workloads, 'd') {
+				continue
+			}
+			cmd := exec.Command(self, "-redis", o.addr, "-locks", fmt.Sprint(o.locks), "-child-hold", spec.name)
+			r := measureHold(spec.name, cmd, admin, o.locks, o.holdDuration)
+			r.Descriptor = spec.holdDesc
+			logf("%-22s %-16s %s", spec.name, r.Workload, r.brief())
+			rep.Results = append(rep.Results, r)
+			if err := admin.FlushDB(ctx).Err(); err != nil {
+				return err
+			}
+		}
+		if o.java != "" && selected("redisson") {
+			argv := append(strings.Fields(o.java), "hold", "--redis", o.addr, "--n", fmt.Sprint(o.locks))
+			cmd := exec.Command(argv[0], argv[1:]...)
+			r := measureHold("redisson", cmd, admin, o.locks, o.holdDuration)
+			r.Descriptor = "Redisson RLock.lock() (watchdog, default 30 s)"
+			logf("%-22s %-16s %s", "redisson", r.Workload, r.brief())
+			rep.Results = append(rep.Results, r)
+		}
+	}
+	rep.Meta.LoadEnd = loadAvg()
+	rep.Meta.Finished = time.Now().UTC().Format(time.RFC3339)
+	return rep.write(o.out)
+}
+
+// runJavaSuite runs workloads a, b, c, e with Redisson and returns its rows
+// and the versions it reports.
+func runJavaSuite(o options) ([]Result, map[string]string, error) {
+	argv := append(strings.Fields(o.java), "suite",
+		"--redis", o.addr,
+		"--duration-ms", fmt.Sprint(o.duration.Milliseconds()),
+		"--warmup-ms", fmt.Sprint(o.warmup.Milliseconds()),
+		"--hold-work-us", fmt.Sprint(o.holdWork.Microseconds()),
+		"--lost-watchdog-ms", fmt.Sprint(o.lostWatchdog.Milliseconds()),
+		"--trials", fmt.Sprint(o.trials),
+		"--workloads", o.workloads)
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, err
+	}
+	var rs []Result
+	meta := map[string]string{}
+	sc := bufio.NewScanner(out)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	var parseErr error
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if !strings.HasPrefix(line, "{") {
+			continue
+		}
+		var probe map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(line), &probe); err != nil {
+			parseErr = errors.Join(parseErr, fmt.Errorf("%q: %w", line, err))
+			continue
+		}
+		if m, ok := probe["versions"]; ok {
+			_ = json.Unmarshal(m, &meta)
+			continue
+		}
+		var r Result
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			parseErr = errors.Join(parseErr, err)
+			continue
+		}
+		rs = append(rs, r)
+	}
+	_, _ = io.Copy(io.Discard, out)
+	if err := cmd.Wait(); err != nil {
+		return rs, meta, errors.Join(err, parseErr)
+	}
+	return rs, meta, parseErr
+}
+
+// Meta records where and how the figures were measured.
+type Meta struct {
+	Started   string            `json:"started"`
+	Finished  string            `json:"finished"`
+	Command   string            `json:"command"`
+	CPU       string            `json:"cpu"`
+	Cores     int               `json:"cores"`
+	MemoryGiB float64           `json:"memory_gib"`
+	Kernel    string            `json:"kernel"`
+	LoadStart string            `json:"load_start"`
+	LoadEnd   string            `json:"load_end"`
+	LoadNote  string            `json:"load_note,omitempty"`
+	Versions  map[string]string `json:"versions"`
+	Params    map[string]string `json:"params"`
+}
+
+func collectMeta(ctx context.Context, admin *redis.Client, o options) Meta {
+	m := Meta{
+		Started:   time.Now().UTC().Format(time.RFC3339),
+		Command:   o.command,
+		Cores:     runtime.NumCPU(),
+		LoadStart: loadAvg(),
+		LoadNote:  o.load,
+		Versions:  map[string]string{"go": runtime.Version()},
+		Params: map[string]string{
+			"duration":      o.duration.String(),
+			"warmup":        o.warmup.String(),
+			"hold_work":     o.holdWork.String(),
+			"hold_duration": o.holdDuration.String(),
+			"locks":         fmt.Sprint(o.locks),
+			"lost_watchdog": o.lostWatchdog.String(),
+			"trials":        fmt.Sprint(o.trials),
+			"explicit_ttl":  "30s",
+			"hold_watchdog": "30s",
+			"wait":          "5s",
+		},
+	}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "model name"); ok {
+				m.CPU = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		var kb float64
+		if _, err := fmt.Sscanf(string(b), "MemTotal: %f kB", &kb); err == nil {
+			m.MemoryGiB = float64(int(kb/1024/1024*10)) / 10
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(b))
+	}
+	if info, err := admin.Info(ctx, "server").Result(); err == nil {
+		for _, line := range strings.Split(info, "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
+				m.Versions["redis-server"] = v
+			}
+		}
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, d := range bi.Deps {
+			switch d.Path {
+			case "github.com/go-redsync/redsync/v4", "github.com/bsm/redislock", "github.com/redis/go-redis/v9":
+				m.Versions[filepath.Base(strings.TrimSuffix(d.Path, "/v4"))+" ("+d.Path+")"] = d.Version
+			}
+		}
+	}
+	return m
+}
+
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// quietLogger is the logger handed to libraries that take one.
+func quietLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+}
