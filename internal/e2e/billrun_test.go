@@ -1,0 +1,107 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The same bill-run trigger produced three times plus an HTTP trigger: one
+// run.completed; invoices exact; every other trigger ends already_owned or
+// already_completed naming the owner.
+func TestBillRunTriggeredFourTimesRunsOnce(t *testing.T) {
+	t.Parallel()
+	d := newDeployment(t, "")
+	const period = "2026-11"
+	key := "billrun:" + period
+	d.seedSubscribers(3000, period)
+	// ~27 batches of 100 at 150 ms each over 4 workers: the run lasts about
+	// a second, long enough for the HTTP trigger to meet it in flight.
+	rs := d.startReplicas(3, map[string]string{"COORDINATOR_TEST_BILLRUN_BATCH_DELAY": "150ms"}, "--reaper-schedule=")
+
+	ids := []string{"kafka-1", "kafka-2", "kafka-3"}
+	var partition int32
+	for _, id := range ids {
+		partition, _ = d.produce(d.names.BillrunRequested, period, billRunTrigger(period, id))
+	}
+	acquired := d.events.waitFor(t, 30*time.Second, 1, "ownership.acquired", ofType("ownership.acquired", key))
+	owner := acquired[0].str("replica")
+
+	// The HTTP trigger goes to a replica that is not the owner, while the run is on.
+	var other *replica
+	for _, r := range rs {
+		if r.id != owner {
+			other = r
+			break
+		}
+	}
+	code, _, body := other.post(t, d.token, "/v1/billruns", fmt.Sprintf(`{"period":%q,"request_id":"http-1"}`, period))
+	var p struct {
+		Code, Reason, Owner, LockKey string
+	}
+	require.NoError(t, json.Unmarshal(body, &p))
+	switch code {
+	case http.StatusConflict:
+		require.Equal(t, "LOCK_ACQUISITION_FAILED", p.Code)
+		require.Equal(t, "already_owned", p.Reason)
+		require.Equal(t, owner, p.Owner)
+		require.Equal(t, key, p.LockKey)
+	case http.StatusOK: // the run finished first
+		require.Equal(t, owner, p.Owner)
+	default:
+		t.Fatalf("HTTP trigger: %d %s", code, body)
+	}
+	ids = append(ids, "http-1")
+
+	// Every trigger ends with exactly one outcome event.
+	outcome := func(e event) bool {
+		return e.Subject == key && (e.Type == "run.completed" || e.Type == "run.already_completed" || e.Type == "ownership.already_owned")
+	}
+	got := d.events.waitFor(t, 60*time.Second, len(ids), "outcome", outcome)
+	// Offsets are committed once handled: all three records.
+	eventually(t, 20*time.Second, func() bool { return d.committed(d.names.BillrunRequested, partition) == 3 },
+		func() string {
+			return fmt.Sprintf("committed offset %d, want 3", d.committed(d.names.BillrunRequested, partition))
+		})
+	got = d.events.match(outcome)
+	require.Len(t, got, len(ids), "one outcome per trigger")
+
+	seen := map[string]string{}
+	completed := 0
+	for _, e := range got {
+		seen[e.str("request_id")] = e.Type
+		switch e.Type {
+		case "run.completed":
+			completed++
+			require.Equal(t, owner, e.str("replica"))
+		default:
+			require.Equal(t, owner, e.str("owner"), "%s names the owner", e)
+		}
+	}
+	require.Equal(t, 1, completed, "exactly one run.completed")
+	for _, id := range ids {
+		require.Contains(t, seen, id, "trigger %s has an outcome", id)
+	}
+	d.requireInvoicesExact(period)
+
+	// GET /v1/billruns/{period} shows the finished run from bill_runs.
+	code, body = rs[2].get(t, d.token, "/v1/billruns/"+period)
+	require.Equal(t, http.StatusOK, code, string(body))
+	var st struct {
+		Status, Owner string
+		Fence         int64
+	}
+	require.NoError(t, json.Unmarshal(body, &st))
+	require.Equal(t, "COMPLETED", st.Status)
+	require.Equal(t, owner, st.Owner)
+	require.EqualValues(t, 1, st.Fence)
+
+	// Graceful stop: exit 0.
+	for _, r := range rs {
+		require.Equal(t, 0, r.terminate(t, 20*time.Second))
+	}
+}
