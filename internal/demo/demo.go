@@ -1,0 +1,468 @@
+// Package demo runs the coordinator's whole mission on one machine with
+// nothing but local programs: a throwaway PostgreSQL cluster and a
+// redis-server started from the installed binaries on free loopback ports,
+// an in-process Kafka (franz-go's kfake), and three replicas in this
+// process. It seeds subscribers and stale MSISDN reservations, fires the
+// same bill-run trigger from Kafka, HTTP and cron at the same instant,
+// prints the ownership timeline as it reads it back from the events topic,
+// then a summary, and stops everything it started.
+package demo
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/telco-platform/coordinator/internal/billrun"
+	"github.com/telco-platform/coordinator/internal/config"
+	"github.com/telco-platform/coordinator/internal/migrate"
+	"github.com/telco-platform/coordinator/internal/msisdnreaper"
+	"github.com/telco-platform/coordinator/internal/postgres"
+	"github.com/telco-platform/coordinator/internal/replica"
+	"github.com/telco-platform/coordinator/internal/topics"
+)
+
+// Config is the demo's own settings.
+type Config struct {
+	// Subscribers to seed (5% SUSPENDED, 2% TERMINATED). Default 100000.
+	Subscribers int64
+	// StaleReservations are RESERVED MSISDNs whose hold has expired.
+	// Default 10000; negative means none.
+	StaleReservations int
+	// Replicas in the process. Default 3.
+	Replicas int
+	// LockWaitTime is how long a replica waits for a held lock before it
+	// answers already_owned. Default 500ms (the service's default is 5s).
+	LockWaitTime time.Duration
+	// Timeout bounds the whole demo after start-up. Default 100s.
+	Timeout time.Duration
+	// Binaries are the redis-server and PostgreSQL programs (FindBinaries).
+	Binaries Binaries
+	// OpenLocker builds each replica's Locker (the CLI's openLocker). Required.
+	OpenLocker replica.OpenLocker
+	// Out gets the timeline and the summary. Default os.Stdout.
+	Out io.Writer
+	// Log gets the replicas' log lines. Default: a file in the demo's
+	// temporary directory, whose end is printed if the demo fails.
+	Log io.Writer
+	// LogLevel of the replicas' logs. Default info.
+	LogLevel slog.Level
+	// BatchDelay slows every bill-run batch (tests use it to make the run
+	// outlast the triggers). Default 0.
+	BatchDelay time.Duration
+	// BatchSize is subscribers per bill-run batch. Default 1000.
+	BatchSize int
+}
+
+func (c Config) withDefaults() Config {
+	if c.Subscribers == 0 {
+		c.Subscribers = 100000
+	}
+	if c.StaleReservations == 0 {
+		c.StaleReservations = 10000
+	} else if c.StaleReservations < 0 {
+		c.StaleReservations = 0 // none
+	}
+	if c.Replicas == 0 {
+		c.Replicas = 3
+	}
+	if c.LockWaitTime == 0 {
+		c.LockWaitTime = 500 * time.Millisecond
+	}
+	if c.Timeout == 0 {
+		c.Timeout = 100 * time.Second
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 1000
+	}
+	if c.Out == nil {
+		c.Out = os.Stdout
+	}
+	return c
+}
+
+// ErrCheckFailed: the demo ran but what it saw is not what the coordinator
+// promises (not exactly one run.completed, wrong invoice count, ...).
+var ErrCheckFailed = errors.New("demo: check failed")
+
+// Run runs the demo. It returns nil when the mission was shown and checked;
+// everything it started is stopped and its temporary directory removed
+// before it returns, also when ctx is cancelled.
+func Run(ctx context.Context, cfg Config) (err error) {
+	cfg = cfg.withDefaults()
+	if cfg.OpenLocker == nil {
+		return errors.New("demo: no OpenLocker")
+	}
+	if cfg.Subscribers < 1 || cfg.Replicas < 1 {
+		return fmt.Errorf("demo: bad sizes: %d subscribers, %d stale reservations, %d replicas", cfg.Subscribers, cfg.StaleReservations, cfg.Replicas)
+	}
+	out := cfg.Out
+	began := time.Now()
+	step := func(format string, args ...any) {
+		fmt.Fprintf(out, "[%5.1fs] %s\n", time.Since(began).Seconds(), fmt.Sprintf(format, args...))
+	}
+
+	tmp, err := os.MkdirTemp("", "coordinator-demo-")
+	if err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
+	var cleanups []func()
+	defer func() {
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
+		}
+		_ = os.RemoveAll(tmp)
+	}()
+
+	logW := cfg.Log
+	if logW == nil {
+		f, ferr := os.Create(tmp + "/replicas.log")
+		if ferr != nil {
+			return fmt.Errorf("demo: %w", ferr)
+		}
+		cleanups = append(cleanups, func() { _ = f.Close() })
+		logW = &syncWriter{w: f}
+		defer func() {
+			if err != nil {
+				if b, rerr := os.ReadFile(f.Name()); rerr == nil && len(b) > 0 {
+					fmt.Fprintf(out, "\nlast lines of the replicas' log:\n%s\n", strings.ReplaceAll(lastLines(b, 25), " | ", "\n"))
+				}
+			}
+		}()
+	}
+
+	period := billrun.PeriodOf(time.Now().UTC()).Previous()
+	billKey := billrun.LockKey(period)
+	fmt.Fprintf(out, "coordinator demo: %d replicas, %d subscribers, %d stale MSISDN reservations, bill run %s\n\n",
+		cfg.Replicas, cfg.Subscribers, cfg.StaleReservations, period)
+
+	// Dependencies.
+	pg, dsn, err := startPostgres(ctx, cfg.Binaries.PGBinDir, tmp+"/pg")
+	if err != nil {
+		return err
+	}
+	cleanups = append(cleanups, func() { pg.stop(os.Interrupt, 15*time.Second) })
+	step("postgres   %s (throwaway cluster from %s, pid %d)", strings.TrimSuffix(strings.TrimPrefix(dsn, "postgres://postgres@"), "/postgres?sslmode=disable"), cfg.Binaries.PGBinDir, pg.cmd.Process.Pid)
+
+	rd, redisURL, err := startRedis(ctx, cfg.Binaries.RedisServer, tmp+"/redis")
+	if err != nil {
+		return err
+	}
+	cleanups = append(cleanups, func() { rd.stop(os.Interrupt, 10*time.Second) })
+	step("redis      %s (%s, pid %d)", strings.TrimPrefix(redisURL, "redis://"), cfg.Binaries.RedisServer, rd.cmd.Process.Pid)
+
+	names := topics.New("")
+	var seeds []kfake.Opt
+	for _, t := range names.All() {
+		seeds = append(seeds, kfake.SeedTopics(names.Partitions(t), t))
+	}
+	kf, err := kfake.NewCluster(append(seeds, kfake.NumBrokers(1))...)
+	if err != nil {
+		return fmt.Errorf("demo: kfake: %w", err)
+	}
+	cleanups = append(cleanups, kf.Close)
+	brokers := kf.ListenAddrs()
+	step("kafka      %s (in-process kfake; topics %s)", strings.Join(brokers, ","), strings.Join(names.All(), ", "))
+
+	// Schema and data.
+	pool, err := postgres.Connect(ctx, dsn, 4)
+	if err != nil {
+		return err
+	}
+	cleanups = append(cleanups, pool.Close)
+	active, err := prepare(ctx, pool, cfg, period)
+	if err != nil {
+		return err
+	}
+	step("seeded     %d subscribers (%d ACTIVE), %d MSISDNs with %d stale reservations", cfg.Subscribers, active,
+		cfg.StaleReservations*2, cfg.StaleReservations)
+
+	// The replicas. The bill-run cron fires once, at the instant the demo
+	// also sends the Kafka record and the HTTP call.
+	runCtx, cancelRun := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancelRun()
+	fireAt := time.Now().Add(3 * time.Second).Truncate(time.Second).Add(time.Second)
+	token := randomHex(16)
+	logger := slog.New(slog.NewTextHandler(logW, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	reps := make([]*replica.Replica, cfg.Replicas)
+	for i := range reps {
+		id := fmt.Sprintf("coordinator-%d", i+1)
+		env := map[string]string{
+			"COORDINATOR_DATABASE_URL":       dsn,
+			"COORDINATOR_LOCK_REDIS_URL":     redisURL,
+			"COORDINATOR_LOCK_WAIT_TIME":     cfg.LockWaitTime.String(),
+			"COORDINATOR_KAFKA_BROKERS":      strings.Join(brokers, ","),
+			"COORDINATOR_REPLICA_ID":         id,
+			"COORDINATOR_HTTP_ADDR":          "127.0.0.1:0",
+			"COORDINATOR_ADMIN_TOKEN":        token,
+			"COORDINATOR_REAPER_SCHEDULE":    "@every 4s",
+			"COORDINATOR_BILLRUN_SCHEDULE":   cronAt(fireAt),
+			"COORDINATOR_BILLRUN_BATCH_SIZE": fmt.Sprint(cfg.BatchSize),
+			"COORDINATOR_SHUTDOWN_TIMEOUT":   "15s",
+		}
+		rcfg, _, cerr := config.Load("demo", nil, func(k string) string { return env[k] })
+		if cerr != nil {
+			return fmt.Errorf("demo: replica config: %w", cerr)
+		}
+		reps[i] = replica.New(replica.Config{Config: rcfg, Log: logger.With("replica", id), OpenLocker: cfg.OpenLocker,
+			Version: "demo", BatchDelay: cfg.BatchDelay})
+	}
+	stopReplicas := func() {
+		var wg sync.WaitGroup
+		for _, r := range reps {
+			wg.Go(r.Stop)
+		}
+		wg.Wait()
+	}
+	cleanups = append(cleanups, stopReplicas)
+
+	tl := newTimeline(out, fireAt, billKey)
+	tlCtx, stopTimeline := context.WithCancel(context.Background())
+	tlDone := make(chan error, 1)
+	go func() { tlDone <- tl.run(tlCtx, brokers, names.Events) }()
+	cleanups = append(cleanups, func() { stopTimeline(); <-tlDone })
+
+	for _, r := range reps {
+		if err := r.Start(runCtx); err != nil {
+			return err
+		}
+	}
+	step("replicas   %s (HTTP %s)", ids(reps), httpAddrs(reps))
+	step("firing     bill run %s from Kafka, HTTP and cron (every replica) at %s", period, fireAt.UTC().Format("15:04:05"))
+	fmt.Fprintf(out, "\nownership timeline (read back from %s; times relative to the trigger instant):\n", names.Events)
+
+	// Fire: the cron entries fire by themselves at fireAt.
+	pause(runCtx, time.Until(fireAt))
+	var fired sync.WaitGroup
+	var httpLine, kafkaErr string
+	fired.Go(func() { kafkaErr = produceTrigger(runCtx, brokers, names.BillrunRequested, period.String()) })
+	fired.Go(func() { httpLine = postTrigger(runCtx, reps[0], token, period.String()) })
+	fired.Wait()
+	if kafkaErr != "" {
+		return fmt.Errorf("demo: produce the Kafka trigger: %s", kafkaErr)
+	}
+
+	// Wait until every trigger is answered, the run released its lock, and
+	// the reaper has swept the stale reservations.
+	expected := cfg.Replicas + 2 // cron on every replica, one Kafka record, one HTTP call
+	var s summary
+	for {
+		all, changed := tl.snapshot()
+		s = summarise(all, billKey)
+		if s.answeredTotal() >= expected && len(s.billCompleted) >= 1 && s.billReleased && s.freed >= int64(cfg.StaleReservations) {
+			break
+		}
+		select {
+		case <-changed:
+		case <-runCtx.Done():
+			fmt.Fprintf(out, "\n%s\n", httpLine)
+			return fmt.Errorf("%w: gave up after %s: %d of %d triggers answered, %d run.completed, %d of %d stale reservations freed",
+				ErrCheckFailed, cfg.Timeout, s.answeredTotal(), expected, len(s.billCompleted), s.freed, cfg.StaleReservations)
+		}
+	}
+	fmt.Fprintf(out, "\n  %s\n", httpLine)
+
+	fmt.Fprintf(out, "\n")
+	step("stopping   replicas (release, flush events), redis-server, postgres, kafka")
+	stopReplicas()
+
+	// Verify against Postgres, the authority.
+	check, cerr := verify(ctx, pool, period)
+	if cerr != nil {
+		return cerr
+	}
+	all, _ := tl.snapshot()
+	s = summarise(all, billKey)
+	fmt.Fprintf(out, "\nsummary (events per replica for %s and the reaper):\n", billKey)
+	s.print(out)
+	fmt.Fprintf(out, "\n  triggers answered: %s\n", answeredLine(s.billAnswered))
+	fmt.Fprintf(out, "  bill_runs %s: status=%s owner=%s fence=%d; invoices=%d for %d ACTIVE subscribers, duplicates=%d\n",
+		period, check.status, check.owner, check.fence, check.invoices, active, check.duplicates)
+	fmt.Fprintf(out, "  msisdn_pool: %d stale reservations left (of %d)\n", check.staleLeft, cfg.StaleReservations)
+	fmt.Fprintf(out, "  took %.1fs in all\n", time.Since(began).Seconds())
+
+	var problems []string
+	if n := len(s.billCompleted); n != 1 {
+		problems = append(problems, fmt.Sprintf("%d run.completed events for %s, want exactly 1", n, billKey))
+	}
+	if s.alreadyOwnedBad > 0 {
+		problems = append(problems, fmt.Sprintf("%d already_owned events name no owner", s.alreadyOwnedBad))
+	}
+	if check.status != billrun.StatusCompleted || check.invoices != active || check.duplicates != 0 {
+		problems = append(problems, "bill run not completed with one invoice per ACTIVE subscriber")
+	}
+	if check.staleLeft != 0 {
+		problems = append(problems, fmt.Sprintf("%d stale reservations left", check.staleLeft))
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%w: %s", ErrCheckFailed, strings.Join(problems, "; "))
+	}
+	fmt.Fprintf(out, "\nOK: one owner, one run, every other trigger told who owns it. Everything started is stopped.\n")
+	return nil
+}
+
+func ids(reps []*replica.Replica) string {
+	var s []string
+	for _, r := range reps {
+		s = append(s, r.ID())
+	}
+	return strings.Join(s, ", ")
+}
+
+func httpAddrs(reps []*replica.Replica) string {
+	var s []string
+	for _, r := range reps {
+		if a := r.HTTPAddr(); a != nil {
+			s = append(s, a.String())
+		}
+	}
+	return strings.Join(s, ", ")
+}
+
+func answeredLine(m map[string]int) string {
+	var parts []string
+	for _, src := range []string{"kafka", "http", "cron", "cli"} {
+		if m[src] > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", src, m[src]))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// prepare migrates and seeds; it returns the number of ACTIVE subscribers.
+func prepare(ctx context.Context, pool *pgxpool.Pool, cfg Config, period billrun.Period) (int64, error) {
+	m, err := migrate.New(pool)
+	if err != nil {
+		return 0, err
+	}
+	defer m.Close()
+	if _, err := m.Up(ctx); err != nil {
+		return 0, err
+	}
+	res, err := billrun.Seed(ctx, pool, billrun.SeedConfig{Subscribers: cfg.Subscribers, FirstID: 1,
+		SuspendedRatio: 0.05, TerminatedRatio: 0.02, Usage: true, Period: period})
+	if err != nil {
+		return 0, err
+	}
+	if cfg.StaleReservations > 0 {
+		if _, err := msisdnreaper.Seed(ctx, pool, msisdnreaper.SeedSpec{StaleReserved: cfg.StaleReservations,
+			ValidReserved: cfg.StaleReservations / 10, Allocated: cfg.StaleReservations / 2,
+			Free: cfg.StaleReservations - cfg.StaleReservations/10 - cfg.StaleReservations/2}); err != nil {
+			return 0, err
+		}
+	}
+	return res.Active, nil
+}
+
+type checked struct {
+	status, owner        string
+	fence                int64
+	invoices, duplicates int64
+	staleLeft            int64
+}
+
+const (
+	sqlBillRun   = `select status, coalesce(owner, ''), fence from bill_runs where period = $1`
+	sqlInvoices  = `select count(*), count(*) - count(distinct subscriber_id) from invoices where period = $1`
+	sqlStaleLeft = `select count(*) from msisdn_pool where state = 'RESERVED' and reserved_until < now()`
+)
+
+func verify(ctx context.Context, pool *pgxpool.Pool, p billrun.Period) (checked, error) {
+	var c checked
+	if err := pool.QueryRow(ctx, sqlBillRun, p.String()).Scan(&c.status, &c.owner, &c.fence); err != nil {
+		return c, fmt.Errorf("%w: read bill_runs %s: %v", ErrCheckFailed, p, err)
+	}
+	if err := pool.QueryRow(ctx, sqlInvoices, p.String()).Scan(&c.invoices, &c.duplicates); err != nil {
+		return c, fmt.Errorf("demo: count invoices: %w", err)
+	}
+	if err := pool.QueryRow(ctx, sqlStaleLeft).Scan(&c.staleLeft); err != nil {
+		return c, fmt.Errorf("demo: count stale reservations: %w", err)
+	}
+	return c, nil
+}
+
+// produceTrigger sends the contract's bill-run trigger record; "" on success.
+func produceTrigger(ctx context.Context, brokers []string, topic, period string) string {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ClientID("coordinator-demo-producer"))
+	if err != nil {
+		return err.Error()
+	}
+	defer cl.Close()
+	v, _ := json.Marshal(map[string]string{"period": period, "request_id": "demo-kafka-" + randomHex(4), "requested_by": "coordinator-demo"})
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Key: []byte(period), Value: v}).FirstErr(); err != nil {
+		return err.Error()
+	}
+	return ""
+}
+
+// postTrigger calls POST /v1/billruns on r and describes the answer.
+func postTrigger(ctx context.Context, r *replica.Replica, token, period string) string {
+	addr := r.HTTPAddr()
+	if addr == nil {
+		return "HTTP: replica has no listener"
+	}
+	body, _ := json.Marshal(map[string]string{"period": period})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr.String()+"/v1/billruns", bytes.NewReader(body))
+	if err != nil {
+		return "HTTP: " + err.Error()
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Request-Id", "demo-http-"+randomHex(4))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "HTTP: " + err.Error()
+	}
+	defer resp.Body.Close()
+	var answer map[string]any
+	_ = json.NewDecoder(io.LimitReader(resp.Body, 1<<16)).Decode(&answer)
+	detail := ""
+	for _, k := range []string{"outcome", "owner", "fence", "reason", "code"} {
+		if v, ok := answer[k]; ok {
+			detail += fmt.Sprintf(" %s=%v", k, v)
+		}
+	}
+	return fmt.Sprintf("HTTP POST /v1/billruns to %s answered %d%s", r.ID(), resp.StatusCode, detail)
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// syncWriter serialises writes from the replicas' loggers.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
+
+// cronAt is a cron spec (with seconds) that fires at t, to the second.
+func cronAt(t time.Time) string {
+	t = t.UTC()
+	return fmt.Sprintf("CRON_TZ=UTC %d %d %d %d %d *", t.Second(), t.Minute(), t.Hour(), t.Day(), int(t.Month()))
+}
