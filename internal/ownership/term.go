@@ -102,8 +102,8 @@ func (t *Term) End(err error) bool {
 		if t.onEnd != nil {
 			t.onEnd(t, err)
 		}
+		t.cancel(err) // before Done closes: whoever sees Done sees ctx.Err()
 		close(t.done)
-		t.cancel(err)
 	})
 	return ended
 }

@@ -95,6 +95,8 @@ func ParseOptions(rawURL, mode string) (*redis.UniversalOptions, error) {
 		PoolTimeout:              DefaultPoolTimeout,
 		ContextTimeoutEnabled:    true,
 		MaxRetries:               DefaultMaxRetries,
+		DialerRetries:            1,
+		DialerRetryTimeout:       50 * time.Millisecond,
 		PoolSize:                 max(32, 10*runtime.GOMAXPROCS(0)),
 		DisableIdentity:          true,
 		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
