@@ -1,0 +1,60 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// A malformed record goes to the DLQ (original bytes, reason header) with a
+// trigger.rejected event, its offset is committed, and the valid record
+// behind it on the same partition is processed.
+func TestMalformedTriggerGoesToDLQAndNextIsProcessed(t *testing.T) {
+	t.Parallel()
+	d := newDeployment(t, "")
+	const period = "2026-09"
+	key := "billrun:" + period
+	d.seedSubscribers(500, period)
+	d.startReplicas(3, nil, "--reaper-schedule=")
+
+	malformed := `{"period":"2026-09","request_id":` // cut short
+	partition, badOffset := d.produce(d.names.BillrunRequested, period, malformed)
+	p2, _ := d.produce(d.names.BillrunRequested, period, billRunTrigger(period, "after-bad"))
+	require.Equal(t, partition, p2, "same key, same partition: the valid record waits behind the bad one")
+
+	rejected := d.events.waitFor(t, 30*time.Second, 1, "trigger.rejected", ofType("trigger.rejected", key))
+	require.Equal(t, "malformed_json", rejected[0].str("reason"))
+	require.Equal(t, "kafka", rejected[0].str("trigger"))
+
+	done := d.events.waitFor(t, 30*time.Second, 1, "run.completed", ofType("run.completed", key))
+	require.Equal(t, "after-bad", done[0].str("request_id"))
+	d.requireInvoicesExact(period)
+	eventually(t, 20*time.Second, func() bool { return d.committed(d.names.BillrunRequested, partition) == badOffset+2 },
+		func() string { return fmt.Sprintf("committed %d", d.committed(d.names.BillrunRequested, partition)) })
+
+	// The DLQ holds the original bytes and says why.
+	cl, err := kgo.NewClient(kgo.SeedBrokers(d.brokers...), kgo.ConsumeTopics(d.names.DLQ),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	require.NoError(t, err)
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var recs []*kgo.Record
+	for len(recs) == 0 && ctx.Err() == nil {
+		fs := cl.PollFetches(ctx)
+		recs = append(recs, fs.Records()...)
+	}
+	require.Len(t, recs, 1, "exactly the malformed record is dead-lettered")
+	require.Equal(t, malformed, string(recs[0].Value))
+	require.Equal(t, period, string(recs[0].Key))
+	headers := map[string]string{}
+	for _, h := range recs[0].Headers {
+		headers[h.Key] = string(h.Value)
+	}
+	require.Equal(t, "malformed_json", headers["reason"])
+	require.Equal(t, d.names.BillrunRequested, headers["source-topic"])
+}

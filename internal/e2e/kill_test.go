@@ -1,0 +1,68 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The owner replica killed mid-run: once the trigger is redelivered (its
+// offset was never committed) and the watchdog timeout has passed, another
+// replica resumes the run from the committed batches and completes it.
+func TestOwnerKilledMidRunAnotherResumes(t *testing.T) {
+	t.Parallel()
+	d := newDeployment(t, "")
+	const period = "2026-07"
+	key := "billrun:" + period
+	d.seedSubscribers(3000, period)
+	// ~27 batches at 400 ms over 4 workers: about 3 s of run to kill into.
+	rs := d.startReplicas(3, map[string]string{
+		"COORDINATOR_TEST_BILLRUN_BATCH_DELAY": "400ms",
+		"COORDINATOR_LOCK_WATCHDOG_TIMEOUT":    "2s",
+	}, "--reaper-schedule=")
+
+	partition, offset := d.produce(d.names.BillrunRequested, period, billRunTrigger(period, "kill-me"))
+	acquired := d.events.waitFor(t, 30*time.Second, 1, "ownership.acquired", ofType("ownership.acquired", key))
+	first := acquired[0].str("replica")
+
+	// Kill the owner once it has committed some batches, not all.
+	ctx := context.Background()
+	var batches int
+	eventually(t, 20*time.Second, func() bool {
+		require.NoError(t, d.pg.Pool.QueryRow(ctx, `select count(*) from bill_run_batches where period = $1`, period).Scan(&batches))
+		return batches > 0
+	}, func() string { return "no batch committed" })
+	for _, r := range rs {
+		if r.id == first {
+			r.kill()
+		}
+	}
+	killedAt := time.Now()
+	var status string
+	require.NoError(t, d.pg.Pool.QueryRow(ctx, `select status from bill_runs where period = $1`, period).Scan(&status))
+	require.Equal(t, "RUNNING", status, "killed mid-run")
+	require.NoError(t, d.pg.Pool.QueryRow(ctx, `select count(*) from bill_run_batches where period = $1`, period).Scan(&batches))
+	require.Less(t, batches, 27, "killed before the end")
+	require.LessOrEqual(t, d.committed(d.names.BillrunRequested, partition), offset, "the in-flight trigger was not committed")
+
+	done := d.events.waitFor(t, 60*time.Second, 1, "run.completed", ofType("run.completed", key))
+	resumer := done[0].str("replica")
+	require.NotEqual(t, first, resumer)
+	require.Equal(t, "kill-me", done[0].str("request_id"), "the redelivered trigger")
+	require.Greater(t, done[0].num("batches_skipped"), int64(0), "resumed from the committed batches")
+	t.Logf("killed %s at %d committed batches; %s resumed and completed %s after the kill",
+		first, batches, resumer, done[0].Time.Sub(killedAt).Round(time.Millisecond))
+
+	d.requireInvoicesExact(period)
+	var owner string
+	var fence int64
+	require.NoError(t, d.pg.Pool.QueryRow(ctx, `select status, owner, fence from bill_runs where period = $1`, period).Scan(&status, &owner, &fence))
+	require.Equal(t, "COMPLETED", status)
+	require.Equal(t, resumer, owner)
+	require.EqualValues(t, 2, fence, "claimed twice")
+	eventually(t, 20*time.Second, func() bool { return d.committed(d.names.BillrunRequested, partition) == offset+1 },
+		func() string { return fmt.Sprintf("committed %d", d.committed(d.names.BillrunRequested, partition)) })
+}
