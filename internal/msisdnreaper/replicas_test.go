@@ -107,15 +107,16 @@ func TestThreeReplicasSweepAtOnce(t *testing.T) {
 	check(0)
 	require.Equal(t, map[State]int64{StateFree: 80_000, StateReserved: 10_000, StateAllocated: 10_000}, counts(t, pg))
 
-	// The owned sweeps never overlapped: each ran between its acquired and
-	// released events, and the fences increase in that order.
+	// The owned sweeps never overlapped: each worked between its acquired
+	// and run.completed events (emitted before the release), and the fences
+	// increase in that order.
 	type span struct {
 		from, to time.Time
 		fence    int64
 	}
 	var spans []span
 	for _, id := range replicas {
-		acq, rel := rec.of(events.OwnershipAcquired, id), rec.of(events.OwnershipReleased, id)
+		acq, rel := rec.of(events.OwnershipAcquired, id), rec.of(events.RunCompleted, id)
 		require.Equal(t, len(acq), len(rel), id)
 		for i := range acq {
 			spans = append(spans, span{acq[i].Time, rel[i].Time, acq[i].Fence})
@@ -127,7 +128,7 @@ func TestThreeReplicasSweepAtOnce(t *testing.T) {
 		require.False(t, spans[i].from.Before(spans[i-1].to), "sweeps overlapped: %+v", spans)
 		require.Greater(t, spans[i].fence, spans[i-1].fence)
 	}
-	require.Len(t, rec.of(events.RunCompleted, ""), completed)
+	require.Len(t, rec.of(events.OwnershipReleased, ""), completed)
 }
 
 func TestAllocationRacingASweepIsNeverFreed(t *testing.T) {

@@ -329,6 +329,12 @@ func (s *Sweeper) free(ctx context.Context, lease ownership.Lease, deadline time
 	for range s.cfg.Workers {
 		wg.Go(func() {
 			for {
+				// The deadline first: an explicit lease that ends after it
+				// (a batch ran long) ended as planned, it was not lost.
+				if !time.Now().Before(deadline) {
+					stop(stopDeadline, nil)
+					return
+				}
 				select {
 				case <-halt:
 					return
@@ -339,10 +345,6 @@ func (s *Sweeper) free(ctx context.Context, lease ownership.Lease, deadline time
 					stop(stopLeaseLost, nil)
 					return
 				default:
-				}
-				if !time.Now().Before(deadline) {
-					stop(stopDeadline, nil)
-					return
 				}
 				t0 := time.Now()
 				tag, err := s.db.Exec(batchCtx, s.sql, s.cfg.BatchSize)
