@@ -35,9 +35,11 @@ services-down:
 services-status:
 	scripts/services status
 
-## demo: the whole mission on local defaults (see README).
+## demo: the whole mission on local defaults (see README): installs redis-server and PostgreSQL
+## from Debian's packages when missing, then runs three replicas against a throwaway cluster.
 demo: build
-	$(BIN) demo
+	scripts/services install redis postgres
+	$(BIN) demo $(DEMO_FLAGS)
 
 ## bench: the in-repo Go benchmarks against the local services (figures go to BENCHMARKS.md by hand).
 bench: services-up

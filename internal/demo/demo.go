@@ -278,10 +278,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 				ErrCheckFailed, cfg.Timeout, s.answeredTotal(), expected, len(s.billCompleted), s.freed, cfg.StaleReservations)
 		}
 	}
-	fmt.Fprintf(out, "\n  %s\n", httpLine)
-
-	fmt.Fprintf(out, "\n")
-	step("stopping   replicas (release, flush events), redis-server, postgres, kafka")
+	tl.mute()
+	fmt.Fprintf(out, "\n  %s\n\n", httpLine)
+	step("stopping   replicas (release locks, flush events)")
 	stopReplicas()
 
 	// Verify against Postgres, the authority.
@@ -315,7 +314,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if len(problems) > 0 {
 		return fmt.Errorf("%w: %s", ErrCheckFailed, strings.Join(problems, "; "))
 	}
-	fmt.Fprintf(out, "\nOK: one owner, one run, every other trigger told who owns it. Everything started is stopped.\n")
+	fmt.Fprintf(out, "\nOK: one owner, one run, every other trigger told who owns it.\n")
+	fmt.Fprintf(out, "Stopping redis-server (pid %d), postgres (pid %d) and the in-process Kafka; removing %s.\n",
+		rd.cmd.Process.Pid, pg.cmd.Process.Pid, tmp)
 	return nil
 }
 

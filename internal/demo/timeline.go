@@ -26,6 +26,14 @@ type timeline struct {
 	mu      sync.Mutex
 	changed chan struct{} // closed and replaced on every event
 	all     []events.CloudEvent
+	muted   bool // recording only: the demo is past its timeline
+}
+
+// mute stops printing; events are still recorded for the summary.
+func (tl *timeline) mute() {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	tl.muted = true
 }
 
 func newTimeline(out io.Writer, start time.Time, billKey string) *timeline {
@@ -57,11 +65,13 @@ func (tl *timeline) run(ctx context.Context, brokers []string, topic string) err
 
 func (tl *timeline) add(ce events.CloudEvent) {
 	tl.mu.Lock()
+	defer tl.mu.Unlock()
 	tl.all = append(tl.all, ce)
 	close(tl.changed)
 	tl.changed = make(chan struct{})
-	tl.mu.Unlock()
-	fmt.Fprintln(tl.out, tl.format(ce))
+	if !tl.muted {
+		fmt.Fprintln(tl.out, tl.format(ce))
+	}
 }
 
 // snapshot returns the events so far and a channel closed on the next one.
