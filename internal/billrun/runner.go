@@ -142,6 +142,10 @@ func (e *batchError) Error() string {
 
 func (e *batchError) Unwrap() error { return e.err }
 
+// finishTimeout bounds ending a run (marking it COMPLETED, FAILED or
+// INTERRUPTED), retries included.
+const finishTimeout = 15 * time.Second
+
 // Claimed is a period this replica owns and has claimed in Postgres. Call
 // Execute exactly once.
 type Claimed struct {
@@ -403,7 +407,7 @@ func (c *Claimed) Execute(ctx context.Context) job.Result {
 	}
 
 	// End the run under the fence; it needs Postgres even when ctx is gone.
-	endCtx, endCancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	endCtx, endCancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer endCancel()
 	switch outcome {
 	case job.OutcomeCompleted:
@@ -569,7 +573,7 @@ func (c *Claimed) work(ctx context.Context, cancel context.CancelCauseFunc, in <
 func (c *Claimed) runBatchRetrying(ctx context.Context, b batchRange, st *runState) error {
 	cfg := c.r.cfg
 	for attempt := 1; ; attempt++ {
-		out, err := c.runBatch(ctx, b, st)
+		out, err := c.runBatch(ctx, b, st, attempt > 1)
 		if err == nil {
 			st.mu.Lock()
 			st.committed++
@@ -628,8 +632,10 @@ type batchOut struct {
 }
 
 // runBatch is one batch transaction: prove the fence, insert the invoices,
-// record the batch, commit.
-func (c *Claimed) runBatch(ctx context.Context, b batchRange, st *runState) (batchOut, error) {
+// record the batch, commit. On a retry it first looks for the batch's own
+// record: a COMMIT whose answer was lost (the connection broke after the
+// server committed) must count once, not fail on its own record.
+func (c *Claimed) runBatch(ctx context.Context, b batchRange, st *runState, retry bool) (batchOut, error) {
 	var out batchOut
 	cfg := c.r.cfg
 	period := c.period.String()
@@ -663,6 +669,17 @@ func (c *Claimed) runBatch(ctx context.Context, b batchRange, st *runState) (bat
 	}
 	t = phase(PhaseFenceCheck, t)
 
+	if retry {
+		err := tx.QueryRow(ctx, sqlCommittedBatch, period, b.first, c.fence).Scan(&out.subscribers, &out.created)
+		if err == nil {
+			c.log.Info("billrun_batch_found_committed", "first_id", b.first, "last_id", b.last)
+			return out, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return out, err
+		}
+	}
+
 	if err := tx.QueryRow(ctx, sqlInsertInvoices, period, c.fence, b.first, b.last, cfg.ConflictSample).
 		Scan(&out.subscribers, &out.created, &out.sample); err != nil {
 		return out, err
@@ -682,11 +699,13 @@ func (c *Claimed) runBatch(ctx context.Context, b batchRange, st *runState) (bat
 	return out, nil
 }
 
-// finish ends the run under the fence. ok false: the fence is no longer ours.
+// finish ends the run under the fence. ok false: the fence is no longer
+// ours. Transient errors are retried until ctx ends: the row's status is
+// worth waiting for (a Postgres restart), and ctx bounds the wait.
 func (c *Claimed) finish(ctx context.Context, status string, lastError *string) (map[string]int64, bool, error) {
 	var batches, subs, created, already int64
 	ok := true
-	err := c.retry(ctx, "finish", func(ctx context.Context) error {
+	err := c.retryUntil(ctx, "finish", func(ctx context.Context) error {
 		err := c.r.pool.QueryRow(ctx, sqlFinish, c.period.String(), c.fence, status, lastError).
 			Scan(&batches, &subs, &created, &already)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -717,6 +736,21 @@ func (c *Claimed) retry(ctx context.Context, what string, fn func(context.Contex
 		c.log.Warn("billrun_retry", "step", what, "attempt", attempt, "delay_ms", delay.Milliseconds(), "err", err)
 		if !sleep(ctx, delay) {
 			return ctx.Err()
+		}
+	}
+}
+
+// retryUntil is retry bounded by ctx only, with the backoff capped at 1s.
+func (c *Claimed) retryUntil(ctx context.Context, what string, fn func(context.Context) error) error {
+	for attempt := 1; ; attempt++ {
+		err := fn(ctx)
+		if err == nil || ctx.Err() != nil || !postgres.IsTransient(err) {
+			return err
+		}
+		delay := min(backoff(c.r.cfg.RetryBackoff, attempt), time.Second)
+		c.log.Warn("billrun_retry", "step", what, "attempt", attempt, "delay_ms", delay.Milliseconds(), "err", err)
+		if !sleep(ctx, delay) {
+			return err
 		}
 	}
 }

@@ -99,6 +99,14 @@ select n.subscribers, n.created,
        end
 from n`
 
+// sqlCommittedBatch finds a batch already recorded under this fence (a
+// retried batch whose earlier COMMIT succeeded unseen).
+//
+// $1 period, $2 first id, $3 fence.
+const sqlCommittedBatch = `
+select subscribers, invoices_created from bill_run_batches
+where period = $1 and first_id = $2 and fence = $3`
+
 // sqlRecordBatch marks one range committed under the claim's fence.
 //
 // $1 period, $2 first id, $3 last id, $4 fence, $5 owner, $6 subscribers,
