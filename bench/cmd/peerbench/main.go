@@ -28,7 +28,6 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -328,7 +327,7 @@ func collectMeta(ctx context.Context, admin *redis.Client, o options) Meta {
 		for _, d := range bi.Deps {
 			switch d.Path {
 			case "github.com/go-redsync/redsync/v4", "github.com/bsm/redislock", "github.com/redis/go-redis/v9":
-				m.Versions[filepath.Base(strings.TrimSuffix(d.Path, "/v4"))+" ("+d.Path+")"] = d.Version
+				m.Versions[d.Path] = d.Version
 			}
 		}
 	}

@@ -42,6 +42,19 @@ func (r Result) brief() string {
 	}
 }
 
+// decade labels a power of ten of microseconds.
+func decade(d float64) string {
+	v := math.Pow(10, d)
+	switch {
+	case v >= 1e6:
+		return fmt.Sprintf("%.0f s", v/1e6)
+	case v >= 1e3:
+		return fmt.Sprintf("%.0f ms", v/1e3)
+	default:
+		return fmt.Sprintf("%.0f µs", v)
+	}
+}
+
 func mib(b int64) float64 { return float64(b) / (1 << 20) }
 
 func (rep *report) sort() {
@@ -339,7 +352,7 @@ func (rep *report) svg() string {
 		dHi = dLo + 1
 	}
 	const (
-		left, right, top, rowH, barH = 280.0, 40.0, 60.0, 26.0, 16.0
+		left, right, top, rowH, barH = 280.0, 130.0, 60.0, 26.0, 16.0
 		width                        = 960.0
 	)
 	plotW := width - left - right
@@ -351,20 +364,20 @@ func (rep *report) svg() string {
 	w := func(format string, a ...any) { fmt.Fprintf(&s, format, a...) }
 	w(`<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
 	w(`<rect width="100%%" height="100%%" fill="white"/>` + "\n")
-	w(`<text x="%.0f" y="22" font-size="15" font-weight="bold">Lock handoff latency (release to next acquire), %s hold, log scale</text>`+"\n", left-260, html.EscapeString(rep.Meta.Params["hold_work"]))
+	w(`<text x="%.0f" y="22" font-size="15" font-weight="bold">Lock handoff latency (release to a waiting worker's acquire), %s hold, log scale</text>`+"\n", left-260, html.EscapeString(rep.Meta.Params["hold_work"]))
 	w(`<rect x="%.0f" y="32" width="14" height="10" fill="#1f5fa8"/><text x="%.0f" y="41">p50</text>`+"\n", left, left+18)
 	w(`<rect x="%.0f" y="32" width="14" height="10" fill="#9cc3ea"/><text x="%.0f" y="41">p99</text>`+"\n", left+60, left+78)
 	for d := dLo; d <= dHi; d++ {
 		gx := x(math.Pow(10, d))
 		w(`<line x1="%.1f" y1="%.0f" x2="%.1f" y2="%.0f" stroke="#ddd"/>`+"\n", gx, top-6, gx, top+rowH*float64(len(bars)))
-		w(`<text x="%.1f" y="%.0f" text-anchor="middle" fill="#555">%s</text>`+"\n", gx, top+rowH*float64(len(bars))+16, us(math.Pow(10, d)))
+		w(`<text x="%.1f" y="%.0f" text-anchor="middle" fill="#555">%s</text>`+"\n", gx, top+rowH*float64(len(bars))+16, decade(d))
 	}
 	for i, b := range bars {
 		y := top + rowH*float64(i)
 		w(`<text x="%.0f" y="%.1f" text-anchor="end">%s</text>`+"\n", left-8, y+barH-3, html.EscapeString(b.label))
 		w(`<rect x="%.0f" y="%.1f" width="%.1f" height="%.0f" fill="#9cc3ea"/>`+"\n", left, y, max(x(b.p99)-left, 1), barH)
 		w(`<rect x="%.0f" y="%.1f" width="%.1f" height="%.0f" fill="#1f5fa8"/>`+"\n", left, y+3, max(x(b.p50)-left, 1), barH-6)
-		w(`<text x="%.1f" y="%.1f" fill="#333">%s / %s</text>`+"\n", min(x(b.p99)+4, width-right-90), y+barH-3, html.EscapeString(us(b.p50)), html.EscapeString(us(b.p99)))
+		w(`<text x="%.1f" y="%.1f" fill="#333">%s / %s</text>`+"\n", x(b.p99)+4, y+barH-3, html.EscapeString(us(b.p50)), html.EscapeString(us(b.p99)))
 	}
 	w(`<text x="%.0f" y="%.0f" fill="#555">handoff latency</text>`+"\n", left+plotW/2-45, top+rowH*float64(len(bars))+34)
 	w("</svg>\n")
