@@ -1,5 +1,110 @@
 package redislock_test
 
-// helperMain runs the test binary as a helper process when asked to (the
-// crash test); it reports whether it did.
-func helperMain() bool { return false }
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/telco-platform/coordinator/internal/ownership/ownershiptest"
+	"github.com/telco-platform/coordinator/internal/ownership/redislock"
+	"github.com/telco-platform/coordinator/internal/testenv"
+)
+
+// The crash test re-executes this test binary as a lock holder.
+const (
+	envHelper = "REDISLOCK_TEST_HOLDER" // url|prefix|key|watchdog timeout
+)
+
+// helperMain runs the test binary as a helper process when asked to: it
+// takes a watchdog lease, prints "acquired <fence>" and blocks until killed.
+// It reports whether it ran.
+func helperMain() bool {
+	spec := os.Getenv(envHelper)
+	if spec == "" {
+		return false
+	}
+	parts := strings.Split(spec, "|")
+	ttl, _ := time.ParseDuration(parts[3])
+	client, err := redislock.NewClient(parts[0], redislock.ModeSingle)
+	if err != nil {
+		fmt.Println("error", err)
+		os.Exit(2)
+	}
+	l, err := redislock.New(client, redislock.Config{Prefix: parts[1], Owner: "crashing-helper", WatchdogTimeout: ttl})
+	if err != nil {
+		fmt.Println("error", err)
+		os.Exit(2)
+	}
+	le, err := l.Acquire(context.Background(), parts[2], 0)
+	if err != nil {
+		fmt.Println("error", err)
+		os.Exit(2)
+	}
+	fmt.Println("acquired", le.Fence())
+	<-le.Done()
+	fmt.Println("lost", le.Err())
+	os.Exit(3)
+	return true
+}
+
+// A process holding a watchdog lease is SIGKILLed: nobody releases, nobody
+// renews. Another process acquires after the TTL ran out (never before),
+// and within watchdog timeout + 1s.
+func TestCrashedHolder(t *testing.T) {
+	t.Parallel()
+	const ttl = time.Second
+	env := testenv.Redis(t)
+	key := "crash/" + testenv.UniqueName("k")
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), envHelper+"="+strings.Join([]string{env.URL, env.Prefix, key, ttl.String()}, "|"))
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGKILL)
+		_ = cmd.Wait()
+	})
+	lines := bufio.NewScanner(stdout)
+	require.True(t, lines.Scan(), "helper said nothing")
+	line := lines.Text()
+	require.True(t, strings.HasPrefix(line, "acquired "), "helper: %s", line)
+	fence, err := strconv.ParseInt(strings.TrimPrefix(line, "acquired "), 10, 64)
+	require.NoError(t, err)
+
+	// Watch the helper's watchdog renew once (PTTL falls, then jumps back)
+	// before the crash.
+	lockKey := env.Prefix + ":{" + key + "}:lock"
+	ctx := context.Background()
+	pttl := func() time.Duration { d, _ := env.Client.PTTL(ctx, lockKey).Result(); return d }
+	require.Eventually(t, func() bool { d := pttl(); return d > 0 && d < ttl*8/10 }, 3*ttl, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return pttl() > ttl*9/10 }, 3*ttl, 5*time.Millisecond, "no renewal seen")
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	killed := time.Now()
+	pttlAtKill, err := env.Client.PTTL(ctx, lockKey).Result()
+	require.NoError(t, err)
+	require.Positive(t, pttlAtKill, "the crashed holder's lock must still exist")
+	_ = cmd.Wait()
+
+	l := newLocker(t, env.URL, redislock.ModeSingle, env.Prefix, ownershiptest.Options{Owner: "survivor", WaitTime: 3 * ttl, WatchdogTimeout: ttl})
+	le, err := l.Acquire(ctx, key, 0)
+	require.NoError(t, err)
+	took := time.Since(killed)
+	require.Greater(t, le.Fence(), fence)
+	require.GreaterOrEqual(t, took, pttlAtKill-5*time.Millisecond, "acquired before the crashed holder's TTL ran out")
+	require.Less(t, took, ttl+time.Second, "took longer than watchdog timeout + 1s")
+	t.Logf("crashed holder's lock: pttl %s at kill; taken over %s after the kill", pttlAtKill, took)
+	require.NoError(t, le.Release(ctx))
+}

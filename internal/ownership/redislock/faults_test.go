@@ -1,0 +1,275 @@
+package redislock_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/telco-platform/coordinator/internal/ownership"
+	"github.com/telco-platform/coordinator/internal/ownership/ownershiptest"
+	"github.com/telco-platform/coordinator/internal/ownership/redislock"
+	"github.com/telco-platform/coordinator/internal/testenv"
+)
+
+// Redis dies while a watchdog lease is held: the lease is lost by its trust
+// deadline (before the TTL could have run out). Redis comes back empty: the
+// same Locker's renewal loop and subscription keep working (reconnect,
+// NOSCRIPT reload), so a new watchdog lease outlives 3x the TTL and a waiter
+// still wakes on a release message.
+func TestRedisRestart(t *testing.T) {
+	t.Parallel()
+	const ttl = 600 * time.Millisecond
+	srv := startThrowaway(t)
+	ctx := context.Background()
+	a := newLocker(t, srv.URL(), redislock.ModeSingle, "rs", ownershiptest.Options{Owner: "a", WaitTime: 3 * time.Second, WatchdogTimeout: ttl})
+	b := newLocker(t, srv.URL(), redislock.ModeSingle, "rs", ownershiptest.Options{Owner: "b", WaitTime: 5 * time.Second, WatchdogTimeout: ttl})
+
+	held, err := a.Acquire(ctx, "job", 0)
+	require.NoError(t, err)
+	srv.kill()
+	killed := time.Now()
+	select {
+	case <-held.Done():
+	case <-time.After(2 * ttl):
+		t.Fatal("lease not lost after Redis died")
+	}
+	require.ErrorIs(t, held.Err(), ownership.ErrLeaseLost)
+	require.Less(t, time.Since(killed), ttl, "holder kept trusting the lease past the TTL")
+
+	_, err = a.Acquire(ctx, "job", 0)
+	require.ErrorIs(t, err, ownership.ErrUnavailable, "fail closed while Redis is down")
+
+	srv.start()
+	var again ownership.Lease
+	require.Eventually(t, func() bool {
+		again, err = a.Acquire(ctx, "job", 0)
+		return err == nil
+	}, 5*time.Second, 50*time.Millisecond, "acquire after restart")
+	timer := time.NewTimer(3*ttl + 100*time.Millisecond)
+	select {
+	case <-again.Done():
+		t.Fatalf("renewal did not survive the restart: %v", again.Err())
+	case <-timer.C:
+	}
+
+	// Both Lockers' subscriptions are back.
+	admin := srv.client(t)
+	require.Eventually(t, func() bool { return patternSubscribers(t, admin) == 2 }, 5*time.Second, 20*time.Millisecond)
+	got := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		le, err := b.Acquire(ctx, "job", 0)
+		if err == nil {
+			err = le.Release(ctx)
+		}
+		got <- err
+	}()
+	time.AfterFunc(100*time.Millisecond, func() { _ = again.Release(ctx) })
+	require.NoError(t, <-got)
+	// The lease was fresh (TTL 600ms) and renewed: without the message the
+	// waiter would have slept on the TTL; with it, it wakes at once.
+	require.Less(t, time.Since(start), 100*time.Millisecond+ttl/2)
+}
+
+// countRenewals counts renew-script commands for lockKey sent by a client.
+type countRenewals struct {
+	lockKey string
+	n       atomic.Int64
+}
+
+func (c *countRenewals) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *countRenewals) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { c.see(cmd); return next(ctx, cmd) }
+}
+func (c *countRenewals) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			c.see(cmd)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// see counts EVAL/EVALSHA calls with 1 key (the renew script's shape: acquire
+// and release take 2 keys, reentry takes 2 args) on lockKey.
+func (c *countRenewals) see(cmd redis.Cmder) {
+	args := cmd.Args()
+	if len(args) == 7 && (strings.EqualFold(str(args[0]), "evalsha") || strings.EqualFold(str(args[0]), "eval")) &&
+		str(args[2]) == "1" && str(args[3]) == c.lockKey {
+		c.n.Add(1)
+	}
+}
+
+func str(v any) string { return fmt.Sprint(v) }
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// After Release, no renewal of that lock reaches Redis (Redisson leaks
+// them), while renewals of other leases go on.
+func TestNoRenewalAfterRelease(t *testing.T) {
+	t.Parallel()
+	const ttl = 300 * time.Millisecond
+	env := testenv.Redis(t)
+	client, err := redislock.NewClient(env.URL, redislock.ModeSingle)
+	require.NoError(t, err)
+	defer client.Close()
+	released := &countRenewals{lockKey: env.Prefix + ":{gone}:lock"}
+	kept := &countRenewals{lockKey: env.Prefix + ":{kept}:lock"}
+	client.AddHook(released)
+	client.AddHook(kept)
+	l, err := redislock.New(client, redislock.Config{Prefix: env.Prefix, Owner: "a", WatchdogTimeout: ttl})
+	require.NoError(t, err)
+	defer l.Close()
+	ctx := context.Background()
+
+	other, err := l.Acquire(ctx, "kept", 0)
+	require.NoError(t, err)
+	le, err := l.Acquire(ctx, "gone", 0)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return released.n.Load() >= 2 }, 5*ttl, 5*time.Millisecond, "renewals before release")
+	require.NoError(t, le.Release(ctx))
+	after := released.n.Load()
+	base := kept.n.Load()
+	require.Eventually(t, func() bool { return kept.n.Load() >= base+4 }, 10*ttl, 5*time.Millisecond, "renewal rounds go on")
+	require.Equal(t, after, released.n.Load(), "a renewal of a released lease reached Redis")
+	require.NoError(t, other.Release(ctx))
+}
+
+// One Locker keeps one subscription however many keys it waits on.
+func TestOneSubscriptionPerLocker(t *testing.T) {
+	t.Parallel()
+	srv := startThrowaway(t)
+	ctx := context.Background()
+	holder := newLocker(t, srv.URL(), redislock.ModeSingle, "sub", ownershiptest.Options{Owner: "h", WaitTime: time.Second, WatchdogTimeout: 5 * time.Second})
+	waiter := newLocker(t, srv.URL(), redislock.ModeSingle, "sub", ownershiptest.Options{Owner: "w", WaitTime: 10 * time.Second, WatchdogTimeout: 5 * time.Second})
+	const keys = 50
+	var leases []ownership.Lease
+	for i := range keys {
+		le, err := holder.Acquire(ctx, "k"+itoa(int64(i)), 0)
+		require.NoError(t, err)
+		leases = append(leases, le)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, keys)
+	for i := range keys {
+		wg.Go(func() {
+			le, err := waiter.Acquire(ctx, "k"+itoa(int64(i)), 0)
+			if err == nil {
+				err = le.Release(ctx)
+			}
+			errs <- err
+		})
+	}
+	admin := srv.client(t)
+	// Wait until all waiters are blocked (each has asked once: the key's
+	// hash is untouched, so count clients instead), then count subscribers.
+	require.Eventually(t, func() bool {
+		n, err := admin.Exists(ctx, "sub:{k0}:lock").Result() // still held: waiters are waiting
+		return err == nil && n == 1 && patternSubscribers(t, admin) == 2
+	}, 5*time.Second, 10*time.Millisecond)
+	list, err := admin.ClientList(ctx).Result()
+	require.NoError(t, err)
+	require.Equal(t, 2, patternSubscribers(t, admin), "one pattern subscription per Locker, not per lock:\n%s", list)
+	require.Equal(t, 0, strings.Count(list, " sub=1 "), "no channel subscriptions:\n%s", list)
+	for _, le := range leases {
+		require.NoError(t, le.Release(ctx))
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+}
+
+// patternSubscribers counts the connections with a pattern subscription.
+func patternSubscribers(t *testing.T, admin *redis.Client) int {
+	list, err := admin.ClientList(context.Background()).Result()
+	if err != nil {
+		return -1
+	}
+	return strings.Count(list, " psub=1 ")
+}
+
+func TestParseOptions(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, url, mode string
+		check           func(t *testing.T, o *redis.UniversalOptions)
+		wantErr         string
+	}{
+		{name: "single", url: "redis://:pw@127.0.0.1:6379/2", mode: "single", check: func(t *testing.T, o *redis.UniversalOptions) {
+			require.Equal(t, []string{"127.0.0.1:6379"}, o.Addrs)
+			require.Equal(t, "pw", o.Password)
+			require.Equal(t, 2, o.DB)
+			require.Equal(t, redislock.DefaultDialTimeout, o.DialTimeout)
+			require.False(t, o.IsClusterMode)
+			require.Nil(t, o.TLSConfig)
+		}},
+		{name: "single tls options", url: "rediss://user:pw@cache.internal:6380?dial_timeout=250ms&pool_size=7", mode: "single", check: func(t *testing.T, o *redis.UniversalOptions) {
+			require.Equal(t, "user", o.Username)
+			require.Equal(t, 250*time.Millisecond, o.DialTimeout)
+			require.Equal(t, 7, o.PoolSize)
+			require.NotNil(t, o.TLSConfig)
+			require.Equal(t, "cache.internal", o.TLSConfig.ServerName)
+		}},
+		{name: "sentinel", url: "redis://:secret@10.0.0.1:26379,10.0.0.2:26379/0?master_name=locks", mode: "sentinel", check: func(t *testing.T, o *redis.UniversalOptions) {
+			require.Equal(t, []string{"10.0.0.1:26379", "10.0.0.2:26379"}, o.Addrs)
+			require.Equal(t, "locks", o.MasterName)
+			require.Equal(t, "secret", o.Password)
+			c := redis.NewUniversalClient(o)
+			defer c.Close()
+			_, isFailover := c.(*redis.Client) // sentinel-backed failover clients are *redis.Client
+			require.True(t, isFailover)
+		}},
+		{name: "cluster", url: "redis://127.0.0.1:17001,127.0.0.1:17002", mode: "cluster", check: func(t *testing.T, o *redis.UniversalOptions) {
+			require.Equal(t, []string{"127.0.0.1:17001", "127.0.0.1:17002"}, o.Addrs)
+			require.True(t, o.IsClusterMode)
+			c := redis.NewUniversalClient(o)
+			defer c.Close()
+			_, isCluster := c.(*redis.ClusterClient)
+			require.True(t, isCluster)
+		}},
+		{name: "cluster one seed", url: "redis://127.0.0.1:17001", mode: "cluster", check: func(t *testing.T, o *redis.UniversalOptions) {
+			require.True(t, o.IsClusterMode)
+		}},
+		{name: "sentinel without master", url: "redis://10.0.0.1:26379", mode: "sentinel", wantErr: "master_name"},
+		{name: "single with two hosts", url: "redis://a:1,b:2", mode: "single", wantErr: "one host"},
+		{name: "cluster db", url: "redis://a:1,b:2/3", mode: "cluster", wantErr: "database 0"},
+		{name: "bad scheme", url: "http://a:1", mode: "single", wantErr: "scheme"},
+		{name: "no port", url: "redis://host", mode: "single", wantErr: "host:port"},
+		{name: "unknown option", url: "redis://a:1?frobnicate=1", mode: "single", wantErr: "unknown option"},
+		{name: "bad mode", url: "redis://a:1", mode: "ring", wantErr: "mode"},
+		{name: "password redacted", url: "redis://:hunter2@a", mode: "single", wantErr: "REDACTED"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := redislock.ParseOptions(tc.url, tc.mode)
+			if tc.wantErr != "" {
+				require.ErrorContains(t, err, tc.wantErr)
+				require.NotContains(t, err.Error(), "hunter2")
+				return
+			}
+			require.NoError(t, err)
+			tc.check(t, o)
+		})
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer c.Close()
+	_, err := redislock.New(c, redislock.Config{})
+	require.ErrorContains(t, err, "Owner")
+	_, err = redislock.New(c, redislock.Config{Owner: "a", Prefix: "x{y}"})
+	require.ErrorContains(t, err, "Prefix")
+	_, err = redislock.New(c, redislock.Config{Owner: "a", WatchdogTimeout: time.Millisecond})
+	require.ErrorContains(t, err, "WatchdogTimeout")
+}
