@@ -30,6 +30,7 @@ import (
 	"os/exec"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -59,6 +60,7 @@ type options struct {
 	command      string
 	childHold    string
 	load         string
+	cpuProfile   string
 }
 
 func run(args []string) error {
@@ -78,6 +80,7 @@ func run(args []string) error {
 	fs.StringVar(&o.out, "out", "bench/results", "directory for peers.md, peers.json, handoff.svg")
 	fs.StringVar(&o.command, "command", "", "the command line to record in the report")
 	fs.StringVar(&o.load, "load-note", "", "a note on machine load to record in the report")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (workloads a, b, c, e) to this file")
 	fs.StringVar(&o.childHold, "child-hold", "", "internal: run as the workload-d child for this library")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -90,6 +93,18 @@ func run(args []string) error {
 			return err
 		}
 		return runHoldChild(spec, cfg, o.locks)
+	}
+
+	if o.cpuProfile != "" {
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 
 	admin := redis.NewClient(&redis.Options{Addr: o.addr})
