@@ -31,7 +31,7 @@ func TestCronReaperOneSweepPerTick(t *testing.T) {
 	key := msisdnreaper.SweepKey
 
 	// Wait for three complete ticks after all replicas are up.
-	tickOf := func(e event) int64 { return e.Time.Add(1500 * time.Millisecond).Unix() / 3 }
+	tickOf := func(e event) int64 { return e.Time.Add(1500*time.Millisecond).Unix() / 3 }
 	cron := func(e event) bool {
 		return e.Subject == key && e.str("trigger") == "cron" && e.Time.After(allUp) &&
 			(e.Type == "run.completed" || e.Type == "ownership.already_owned")

@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -56,11 +57,13 @@ type deployment struct {
 	pg         *testenv.PG
 	redisURL   string
 	lockPrefix string
-	brokers    []string
-	topicPfx   string
-	group      string
-	names      topics.Names
-	token      string
+	// redis is a client on the shared test Redis (nil with a Redis of the test's own).
+	redis    *redis.Client
+	brokers  []string
+	topicPfx string
+	group    string
+	names    topics.Names
+	token    string
 	// env is what every replica gets (before its own extras).
 	env map[string]string
 
@@ -85,7 +88,7 @@ func newDeployment(t *testing.T, redisURL string) *deployment {
 	}
 	if redisURL == "" {
 		r := testenv.Redis(t)
-		d.redisURL, d.lockPrefix = r.URL, r.Prefix
+		d.redisURL, d.lockPrefix, d.redis = r.URL, r.Prefix, r.Client
 	} else {
 		d.redisURL, d.lockPrefix = redisURL, testenv.UniqueName("t")
 	}
@@ -356,7 +359,7 @@ func (d *deployment) requireInvoicesExact(period string) {
 	require.NoError(d.t, d.pg.Pool.QueryRow(ctx, `select count(*) from invoices where period = $1`, period).Scan(&invoices))
 	require.NoError(d.t, d.pg.Pool.QueryRow(ctx, `
 select count(*) from subscribers s
-full join invoices i on i.subscriber_id = s.id and i.period = $1
+full join (select * from invoices where period = $1) i on i.subscriber_id = s.id
 where (s.status = 'ACTIVE') is distinct from (i.id is not null)
    or i.amount_cents <> s.monthly_fee_cents + coalesce((select sum(amount_cents) from usage_charges u where u.subscriber_id = s.id and u.period = $1), 0)`,
 		period).Scan(&wrong))

@@ -1,0 +1,177 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/telco-platform/coordinator/internal/billrun"
+	"github.com/telco-platform/coordinator/internal/msisdnreaper"
+	"github.com/telco-platform/coordinator/internal/topics"
+)
+
+// SIGTERM while a bill run is in flight: within the shutdown bound the run
+// finishes, its events reach Kafka, the lock is released and the process
+// exits 0. With a bound shorter than the run, the run is interrupted at a
+// batch boundary (INTERRUPTED, ownership.lost with reason shutdown), the
+// lock is released all the same, and a later trigger completes it.
+func TestGracefulShutdown(t *testing.T) {
+	t.Parallel()
+	d := newDeployment(t, "")
+	d.seedSubscribers(2000, "2026-05")
+	slow := map[string]string{"COORDINATOR_TEST_BILLRUN_BATCH_DELAY": "200ms"} // ~18 batches / 4 workers: ~1 s
+	ctx := context.Background()
+
+	lockGone := func(period string) func() bool {
+		return func() bool {
+			n, err := d.redis.Exists(ctx, d.lockPrefix+":{billrun:"+period+"}:lock").Result()
+			require.NoError(t, err)
+			return n == 0
+		}
+	}
+	status := func(period string) string {
+		var s string
+		require.NoError(t, d.pg.Pool.QueryRow(ctx, `select status from bill_runs where period = $1`, period).Scan(&s))
+		return s
+	}
+
+	t.Run("in-flight run finishes within the bound", func(t *testing.T) {
+		r := d.start("graceful", slow, "--reaper-schedule=")
+		code, _, body := r.post(t, d.token, "/v1/billruns", `{"period":"2026-05"}`)
+		require.Equal(t, http.StatusAccepted, code, string(body))
+		require.Equal(t, 0, r.terminate(t, 20*time.Second))
+		require.Equal(t, "COMPLETED", status("2026-05"))
+		require.True(t, lockGone("2026-05")(), "lock released")
+		// Flushed before exit: the events are on Kafka although the process is gone.
+		d.events.waitFor(t, 10*time.Second, 1, "run.completed", ofType("run.completed", "billrun:2026-05"))
+		d.events.waitFor(t, 10*time.Second, 1, "ownership.released", ofType("ownership.released", "billrun:2026-05"))
+		d.requireInvoicesExact("2026-05")
+	})
+
+	t.Run("run longer than the bound is interrupted and released", func(t *testing.T) {
+		env := map[string]string{"COORDINATOR_TEST_BILLRUN_BATCH_DELAY": "1s", "COORDINATOR_SHUTDOWN_TIMEOUT": "1s"}
+		r := d.start("hasty", env, "--reaper-schedule=")
+		code, _, body := r.post(t, d.token, "/v1/billruns", `{"period":"2026-04"}`)
+		require.Equal(t, http.StatusAccepted, code, string(body))
+		start := time.Now()
+		require.Equal(t, 0, r.terminate(t, 20*time.Second))
+		t.Logf("stopped in %s", time.Since(start).Round(time.Millisecond))
+		require.Equal(t, "INTERRUPTED", status("2026-04"))
+		require.True(t, lockGone("2026-04")(), "lock released on the way out, not left to expire")
+		lost := d.events.waitFor(t, 10*time.Second, 1, "ownership.lost", ofType("ownership.lost", "billrun:2026-04"))
+		require.Equal(t, "shutdown", lost[0].str("reason"))
+
+		// A later trigger resumes and completes it.
+		r2 := d.start("after", nil, "--reaper-schedule=")
+		d.produce(d.names.BillrunRequested, "2026-04", billRunTrigger("2026-04", "resume"))
+		d.events.waitFor(t, 30*time.Second, 1, "run.completed", ofType("run.completed", "billrun:2026-04"))
+		d.requireInvoicesExact("2026-04")
+		require.Equal(t, 0, r2.terminate(t, 20*time.Second))
+	})
+
+	t.Run("second signal exits at once", func(t *testing.T) {
+		env := map[string]string{"COORDINATOR_TEST_BILLRUN_BATCH_DELAY": "2s", "COORDINATOR_SHUTDOWN_TIMEOUT": "60s"}
+		r := d.start("impatient", env, "--reaper-schedule=")
+		code, _, body := r.post(t, d.token, "/v1/billruns", `{"period":"2026-03"}`)
+		require.Equal(t, http.StatusAccepted, code, string(body))
+		require.NoError(t, r.cmd.Process.Signal(syscall.SIGTERM))
+		eventually(t, 10*time.Second, func() bool {
+			for _, l := range r.logLines() {
+				if strings.Contains(l, `"msg":"shutdown_started"`) {
+					return true
+				}
+			}
+			return false
+		}, func() string { return "no shutdown_started line" })
+		require.NoError(t, r.cmd.Process.Signal(syscall.SIGTERM))
+		select {
+		case <-r.done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a second SIGTERM did not end the process")
+		}
+		require.Equal(t, 130, r.cmd.ProcessState.ExitCode())
+	})
+}
+
+// One replica through its admin surface: readiness, metrics, locks, a
+// synchronous sweep, and the cron bill run that bills the previous month.
+func TestReplicaAdminSurface(t *testing.T) {
+	t.Parallel()
+	d := newDeployment(t, "")
+	prev := billrun.PeriodOf(time.Now().UTC()).Previous().String()
+	d.seedSubscribers(300, prev)
+	_, err := msisdnreaper.Seed(context.Background(), d.pg.Pool, msisdnreaper.SeedSpec{StaleReserved: 40, Free: 10})
+	require.NoError(t, err)
+	r := d.start("solo", map[string]string{"COORDINATOR_REAPER_MIN_HOLD": "10s"}, "--reaper-schedule=", "--billrun-schedule=CRON_TZ=UTC */2 * * * * *")
+
+	code, body := r.get(t, "", "/readyz")
+	require.Equal(t, http.StatusOK, code, string(body))
+	require.Contains(t, string(body), `"redis":"ok"`)
+
+	// The cron bill run bills the previous month, then finds it done.
+	done := d.events.waitFor(t, 20*time.Second, 1, "run.completed", ofType("run.completed", "billrun:"+prev))
+	require.Equal(t, "cron", done[0].str("trigger"))
+	d.events.waitFor(t, 20*time.Second, 1, "run.already_completed", ofType("run.already_completed", "billrun:"+prev))
+	d.requireInvoicesExact(prev)
+
+	code, _, body = r.post(t, d.token, "/v1/msisdn-reaper/sweeps", "")
+	require.Equal(t, http.StatusOK, code, string(body))
+	var res struct {
+		Outcome string
+		Counts  map[string]int64
+	}
+	require.NoError(t, json.Unmarshal(body, &res))
+	require.Equal(t, "completed", res.Outcome)
+	require.EqualValues(t, 40, res.Counts["freed"])
+
+	// The sweep's lock is held for its minimum hold: /v1/locks shows it.
+	code, body = r.get(t, d.token, "/v1/locks")
+	require.Equal(t, http.StatusOK, code, string(body))
+	require.Contains(t, string(body), `"key":"msisdn-reaper:sweep","owner":"solo"`)
+
+	code, body = r.get(t, "", "/metrics")
+	require.Equal(t, http.StatusOK, code)
+	for _, series := range []string{"coordinator_lock_acquisitions_total", "coordinator_billrun_", "coordinator_reaper_",
+		"coordinator_trigger_", "coordinator_events_buffered", "coordinator_http_requests_total", "go_goroutines", "process_resident_memory_bytes"} {
+		require.Contains(t, string(body), series)
+	}
+
+	code, body = r.get(t, "wrong", "/v1/locks")
+	require.Equal(t, http.StatusUnauthorized, code, string(body))
+	require.Contains(t, string(body), `"code":"UNAUTHORIZED"`)
+	require.Equal(t, 0, r.terminate(t, 20*time.Second))
+}
+
+// With topic creation off, a replica whose topics do not exist starts but
+// is not ready, and /readyz names every missing topic.
+func TestReadinessNamesMissingTopics(t *testing.T) {
+	t.Parallel()
+	d := newDeployment(t, "")
+	prefix := d.topicPfx + "-absent"
+	r := d.start("picky", map[string]string{
+		"COORDINATOR_KAFKA_CREATE_TOPICS": "false",
+		"COORDINATOR_KAFKA_TOPIC_PREFIX":  prefix,
+	}, "--reaper-schedule=")
+	code, body := r.get(t, "", "/readyz")
+	require.Equal(t, http.StatusServiceUnavailable, code, string(body))
+	var p struct {
+		Code   string
+		Detail string
+		Checks map[string]string
+	}
+	require.NoError(t, json.Unmarshal(body, &p))
+	require.Equal(t, "NOT_READY", p.Code)
+	require.Equal(t, "ok", p.Checks["postgres"])
+	require.Equal(t, "ok", p.Checks["redis"])
+	for _, topic := range topics.New(prefix).All() {
+		require.Contains(t, p.Detail, topic, fmt.Sprintf("readiness names %s", topic))
+	}
+	require.Equal(t, 0, r.terminate(t, 20*time.Second))
+}
