@@ -1,0 +1,353 @@
+package trigger_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/telco-platform/coordinator/internal/events"
+	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/testenv"
+	"github.com/telco-platform/coordinator/internal/topics"
+	"github.com/telco-platform/coordinator/internal/trigger"
+)
+
+// call is one Handler invocation the fake saw.
+type call struct {
+	job    string
+	period string
+	t      job.Trigger
+}
+
+// fakeHandler is a fake of the consumer's own Handler port (not of Kafka):
+// it records calls and answers with outcome(callIndex).
+type fakeHandler struct {
+	mu      sync.Mutex
+	calls   []call
+	outcome func(n int, c call) job.Outcome
+	block   chan struct{} // when set, BillRun waits on it or on ctx
+	entered chan struct{} // BillRun sends here before blocking
+	ctxErrs []error
+	changed chan struct{}
+}
+
+func newFake(outcome func(n int, c call) job.Outcome) *fakeHandler {
+	if outcome == nil {
+		outcome = func(int, call) job.Outcome { return job.OutcomeCompleted }
+	}
+	return &fakeHandler{outcome: outcome, changed: make(chan struct{}, 1000)}
+}
+
+func (f *fakeHandler) record(c call) job.Outcome {
+	f.mu.Lock()
+	n := len(f.calls)
+	f.calls = append(f.calls, c)
+	f.mu.Unlock()
+	f.changed <- struct{}{}
+	return f.outcome(n, c)
+}
+
+func (f *fakeHandler) BillRun(ctx context.Context, period string, t job.Trigger) (job.Result, error) {
+	if f.block != nil {
+		f.entered <- struct{}{}
+		select {
+		case <-f.block:
+		case <-ctx.Done():
+			f.mu.Lock()
+			f.ctxErrs = append(f.ctxErrs, ctx.Err())
+			f.mu.Unlock()
+			f.record(call{job: "billrun", period: period, t: t})
+			return job.Result{Outcome: job.OutcomeLost}, nil
+		}
+	}
+	return job.Result{Job: "billrun", Outcome: f.record(call{job: "billrun", period: period, t: t})}, nil
+}
+
+func (f *fakeHandler) Sweep(_ context.Context, t job.Trigger) job.Result {
+	return job.Result{Job: "msisdn-reaper", Outcome: f.record(call{job: "msisdn-reaper", t: t})}
+}
+
+func (f *fakeHandler) Calls() []call {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]call(nil), f.calls...)
+}
+
+// waitCalls waits until the fake saw at least n calls.
+func (f *fakeHandler) waitCalls(t *testing.T, n int) []call {
+	t.Helper()
+	deadline := time.After(60 * time.Second)
+	for {
+		if c := f.Calls(); len(c) >= n {
+			return c
+		}
+		select {
+		case <-f.changed:
+		case <-deadline:
+			t.Fatalf("handler saw %d calls, want %d: %+v", len(f.Calls()), n, f.Calls())
+		}
+	}
+}
+
+type kafkaBundle struct {
+	brokers []string
+	names   topics.Names
+	group   string
+	adm     *kadm.Client
+	prod    *kgo.Client
+	rec     *events.Recorder
+}
+
+func setupKafka(t *testing.T) *kafkaBundle {
+	t.Helper()
+	k := testenv.Kafka(t)
+	b := &kafkaBundle{brokers: k.Brokers, names: topics.New(k.Suffix), group: "g-" + k.Suffix, rec: &events.Recorder{}}
+	var err error
+	b.adm, err = topics.Dial(k.Brokers)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, topics.Ensure(ctx, b.adm, b.names, true))
+	b.prod, err = kgo.NewClient(kgo.SeedBrokers(k.Brokers...), kgo.ProducerLinger(0))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		b.prod.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, _ = b.adm.DeleteGroup(ctx, b.group)
+		_, _ = b.adm.DeleteTopics(ctx, b.names.All()...)
+		b.adm.Close()
+	})
+	return b
+}
+
+func (b *kafkaBundle) consumer(t *testing.T, h trigger.Handler, mod func(*trigger.KafkaConfig)) *trigger.KafkaConsumer {
+	t.Helper()
+	cfg := trigger.KafkaConfig{Brokers: b.brokers, Group: b.group, Topics: b.names, Replica: "r1",
+		RetryBackoffMin: 20 * time.Millisecond, RetryBackoffMax: 100 * time.Millisecond, FetchMaxWait: 100 * time.Millisecond}
+	if mod != nil {
+		mod(&cfg)
+	}
+	c, err := trigger.NewKafkaConsumer(cfg, h, b.rec, nil, trigger.NewMetrics(nil))
+	require.NoError(t, err)
+	require.NoError(t, c.Start(context.Background()))
+	t.Cleanup(c.Stop)
+	return c
+}
+
+func (b *kafkaBundle) produce(t *testing.T, topic, key, value string, headers ...kgo.RecordHeader) *kgo.Record {
+	t.Helper()
+	r := &kgo.Record{Topic: topic, Value: []byte(value), Headers: headers}
+	if key != "" {
+		r.Key = []byte(key)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, b.prod.ProduceSync(ctx, r).FirstErr())
+	return r
+}
+
+// committed returns the group's committed offset for r's partition (-1: none).
+func (b *kafkaBundle) committed(t *testing.T, r *kgo.Record) int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	os, err := b.adm.FetchOffsets(ctx, b.group)
+	require.NoError(t, err)
+	o, ok := os.Lookup(r.Topic, r.Partition)
+	if !ok || o.Err != nil {
+		return -1
+	}
+	return o.At
+}
+
+// waitCommitted waits until the committed offset of r's partition is want.
+func (b *kafkaBundle) waitCommitted(t *testing.T, r *kgo.Record, want int64) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got := b.committed(t, r)
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("committed offset of %s/%d is %d, want %d", r.Topic, r.Partition, got, want)
+		}
+		pause(50 * time.Millisecond)
+	}
+}
+
+// pause waits between polls of external state (Kafka's committed offsets
+// offer nothing to wait on).
+func pause(d time.Duration) { <-time.After(d) }
+
+// readDLQ reads n records from the DLQ topic.
+func (b *kafkaBundle) readDLQ(t *testing.T, n int) []*kgo.Record {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.brokers...), kgo.ConsumeTopics(b.names.DLQ),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
+	require.NoError(t, err)
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out []*kgo.Record
+	for len(out) < n {
+		fs := cl.PollFetches(ctx)
+		require.NoError(t, ctx.Err(), "DLQ: got %d of %d", len(out), n)
+		fs.EachRecord(func(r *kgo.Record) { out = append(out, r) })
+	}
+	return out
+}
+
+func header(r *kgo.Record, key string) string {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+func TestHandledTriggersAreCommittedBadOnesGoToDLQAndTheNextIsProcessed(t *testing.T) {
+	t.Parallel()
+	b := setupKafka(t)
+	h := newFake(nil)
+	b.consumer(t, h, nil)
+
+	orig := kgo.RecordHeader{Key: "traceparent", Value: []byte("00-abc-01")}
+	first := b.produce(t, b.names.BillrunRequested, "2026-11", `{"period":"2026-11","request_id":"req-1","requested_by":"ops"}`)
+	bad := b.produce(t, b.names.BillrunRequested, "2026-11", `{"period":"2026-11"`, orig)
+	badPeriod := b.produce(t, b.names.BillrunRequested, "2026-11", `{"period":"2026-13"}`)
+	next := b.produce(t, b.names.BillrunRequested, "2026-11", `{"period":"2026-11"}`)
+	require.Equal(t, first.Partition, next.Partition, "one key, one partition")
+
+	calls := h.waitCalls(t, 2)
+	require.Equal(t, "2026-11", calls[0].period)
+	require.Equal(t, job.Trigger{Source: job.SourceKafka, RequestID: "req-1", RequestedBy: "ops"}, calls[0].t)
+	require.Equal(t, fmt.Sprintf("kafka-%s-%d-%d", next.Topic, next.Partition, next.Offset), calls[1].t.RequestID,
+		"a missing request_id is derived from the record, deterministically")
+	b.waitCommitted(t, next, next.Offset+1)
+
+	dlq := b.readDLQ(t, 2)
+	require.Equal(t, []byte(`{"period":"2026-11"`), dlq[0].Value, "original bytes")
+	require.Equal(t, []byte("2026-11"), dlq[0].Key)
+	require.Equal(t, "malformed_json", header(dlq[0], "reason"))
+	require.Equal(t, "00-abc-01", header(dlq[0], "traceparent"), "original headers kept")
+	require.Equal(t, b.names.BillrunRequested, header(dlq[0], "source-topic"))
+	require.Equal(t, fmt.Sprint(bad.Partition), header(dlq[0], "source-partition"))
+	require.Equal(t, fmt.Sprint(bad.Offset), header(dlq[0], "source-offset"))
+	require.Equal(t, "bad_period", header(dlq[1], "reason"))
+	require.Equal(t, fmt.Sprint(badPeriod.Offset), header(dlq[1], "source-offset"))
+
+	rejected := b.rec.OfType(events.TriggerRejected)
+	require.Len(t, rejected, 2)
+	require.Equal(t, "billrun:2026-11", rejected[0].Key)
+	require.Equal(t, "malformed_json", rejected[0].Extra["reason"])
+	require.Equal(t, "kafka", rejected[0].Trigger)
+	require.NotEmpty(t, rejected[0].Extra["detail"])
+}
+
+func TestUnavailableIsNotCommittedAndRetriedInOrder(t *testing.T) {
+	t.Parallel()
+	b := setupKafka(t)
+	release := make(chan struct{})
+	h := newFake(func(n int, c call) job.Outcome {
+		if c.period == "2026-01" && n < 3 {
+			return job.OutcomeUnavailable
+		}
+		if c.period == "2026-01" && n == 3 {
+			<-release // the 4th try succeeds once the test looked at the offsets
+		}
+		return job.OutcomeCompleted
+	})
+	b.consumer(t, h, nil)
+
+	first := b.produce(t, b.names.BillrunRequested, "2026-01", `{"period":"2026-01","request_id":"a"}`)
+	second := b.produce(t, b.names.BillrunRequested, "2026-01", `{"period":"2026-01","request_id":"b"}`)
+
+	calls := h.waitCalls(t, 4)
+	for _, c := range calls {
+		require.Equal(t, "a", c.t.RequestID, "the record behind an unhandled one waits")
+	}
+	require.Equal(t, int64(-1), b.committed(t, first), "not committed while the lock backend is unavailable")
+	close(release)
+
+	calls = h.waitCalls(t, 5)
+	require.Equal(t, "b", calls[4].t.RequestID)
+	b.waitCommitted(t, second, second.Offset+1)
+	require.Empty(t, b.rec.OfType(events.TriggerRejected))
+}
+
+func TestReaperTriggersAndOversizedRecords(t *testing.T) {
+	t.Parallel()
+	b := setupKafka(t)
+	h := newFake(nil)
+	b.consumer(t, h, func(c *trigger.KafkaConfig) { c.MaxRecordBytes = 100 })
+
+	big := b.produce(t, b.names.ReaperRequested, "", `{"request_id":"big","requested_by":"`+strings.Repeat("x", 200)+`"}`)
+	ok := b.produce(t, b.names.ReaperRequested, "", `{"request_id":"sweep-1"}`)
+
+	calls := h.waitCalls(t, 1)
+	require.Equal(t, "msisdn-reaper", calls[0].job)
+	require.Equal(t, "sweep-1", calls[0].t.RequestID)
+	dlq := b.readDLQ(t, 1)
+	require.Equal(t, "too_large", header(dlq[0], "reason"))
+	require.Equal(t, big.Value, dlq[0].Value)
+	if big.Partition == ok.Partition {
+		b.waitCommitted(t, ok, ok.Offset+1)
+	} else {
+		b.waitCommitted(t, big, big.Offset+1)
+		b.waitCommitted(t, ok, ok.Offset+1)
+	}
+	rejected := b.rec.OfType(events.TriggerRejected)
+	require.Len(t, rejected, 1)
+	require.Equal(t, "msisdn-reaper:sweep", rejected[0].Key)
+}
+
+func TestStopCancelsInFlightAfterDrainTimeoutWithoutCommitting(t *testing.T) {
+	t.Parallel()
+	b := setupKafka(t)
+	h := newFake(nil)
+	h.block = make(chan struct{}) // never closed: the run outlives the drain bound
+	h.entered = make(chan struct{}, 1)
+	c := b.consumer(t, h, func(c *trigger.KafkaConfig) { c.DrainTimeout = 300 * time.Millisecond })
+
+	r := b.produce(t, b.names.BillrunRequested, "2026-02", `{"period":"2026-02"}`)
+	select {
+	case <-h.entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the record never reached the handler")
+	}
+	require.True(t, hasPartition(c.Lag(), r))
+	c.Stop()
+	c.Stop()
+	calls := h.Calls()
+	require.Len(t, calls, 1, "the in-flight run was cancelled and returned")
+	require.Len(t, h.ctxErrs, 1)
+	require.ErrorIs(t, h.ctxErrs[0], context.Canceled)
+	require.Equal(t, int64(-1), b.committed(t, r), "a lost run is not committed: it is redelivered")
+}
+
+func hasPartition(lag map[string]int64, r *kgo.Record) bool {
+	_, ok := lag[fmt.Sprintf("%s/%d", r.Topic, r.Partition)]
+	return ok
+}
+
+func TestConsumerConfigErrors(t *testing.T) {
+	t.Parallel()
+	_, err := trigger.NewKafkaConsumer(trigger.KafkaConfig{Replica: "r"}, newFake(nil), nil, nil, nil)
+	require.ErrorContains(t, err, "Brokers")
+	_, err = trigger.NewKafkaConsumer(trigger.KafkaConfig{Brokers: []string{"127.0.0.1:1"}}, newFake(nil), nil, nil, nil)
+	require.ErrorContains(t, err, "Replica")
+	c, err := trigger.NewKafkaConsumer(trigger.KafkaConfig{Brokers: []string{"127.0.0.1:1"}, Replica: "r"}, newFake(nil), nil, nil, nil)
+	require.NoError(t, err)
+	c.Stop() // never started: returns at once
+	require.ErrorContains(t, c.Start(context.Background()), "already started", "no Start after Stop")
+}
