@@ -206,7 +206,6 @@ func (r *Replica) Start(ctx context.Context) error {
 	bcfg := billrun.Config{ReplicaID: cfg.ReplicaID, BatchSize: cfg.BillrunBatchSize, Workers: cfg.BillrunWorkers,
 		Logger: log, Metrics: billrun.NewMetrics(r.reg)}
 	if d := r.rc.BatchDelay; d > 0 {
-		log.Warn("test_hook_enabled", "hook", "batch_delay", "delay", d)
 		bcfg.BeforeBatch = func(ctx context.Context, _, _ int64) error {
 			t := time.NewTimer(d)
 			defer t.Stop()
@@ -232,7 +231,6 @@ func (r *Replica) Start(ctx context.Context) error {
 	kcfg := trigger.KafkaConfig{Brokers: cfg.KafkaBrokers, Group: cfg.KafkaGroup, Topics: r.names, Replica: cfg.ReplicaID,
 		DrainTimeout: cfg.ShutdownTimeout}
 	if st := r.rc.SessionTimeout; st > 0 {
-		log.Warn("test_hook_enabled", "hook", "kafka_session_timeout", "session_timeout", st)
 		kcfg.ClientOpts = append(kcfg.ClientOpts, kgo.SessionTimeout(st), kgo.HeartbeatInterval(st/6))
 	}
 	consumer, err := trigger.NewKafkaConsumer(kcfg, r.disp, r.emit, log, tm)
