@@ -1,3 +1,308 @@
 package billrun_test
 
-func cleanupBinary() {}
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/telco-platform/coordinator/internal/billrun"
+	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/ownership"
+	"github.com/telco-platform/coordinator/internal/testenv"
+)
+
+// The tests in this file run the built `coordinator` binary as separate
+// processes, with the real Redis locker and real Postgres: one process per
+// replica, so that kill -9 and SIGSTOP hit a whole replica.
+
+var (
+	binOnce sync.Once
+	binDir  string
+	binPath string
+	binErr  error
+)
+
+// coordinatorBinary builds ./cmd/coordinator once per test binary.
+func coordinatorBinary(t *testing.T) string {
+	t.Helper()
+	binOnce.Do(func() {
+		binDir, binErr = os.MkdirTemp("", "billrun-bin-")
+		if binErr != nil {
+			return
+		}
+		binPath = filepath.Join(binDir, "coordinator")
+		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/coordinator")
+		cmd.Dir = filepath.Join("..", "..")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			binErr = fmt.Errorf("go build ./cmd/coordinator: %v: %s", err, out)
+		}
+	})
+	require.NoError(t, binErr)
+	return binPath
+}
+
+func cleanupBinary() {
+	if binDir != "" {
+		_ = os.RemoveAll(binDir)
+	}
+}
+
+// world is what every replica process of one test shares: a schema of its
+// own and a Redis key prefix of its own.
+type world struct {
+	*bundle
+	dsn, redisURL, prefix string
+}
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	pg := testenv.Postgres(t)
+	rd := testenv.Redis(t)
+	return &world{bundle: &bundle{pool: pg.Pool}, dsn: pg.DSN, redisURL: rd.URL, prefix: rd.Prefix}
+}
+
+// replica is one `coordinator run billrun` process.
+type replica struct {
+	id     string
+	cmd    *exec.Cmd
+	stdout bytes.Buffer
+	stderr *os.File
+	done   chan struct{}
+	err    error
+}
+
+// start runs `coordinator run billrun --period P` as replica id; env adds
+// to (and overrides) the base settings.
+func (w *world) start(t *testing.T, id string, env ...string) *replica {
+	t.Helper()
+	bin := coordinatorBinary(t)
+	r := &replica{id: id, done: make(chan struct{})}
+	r.cmd = exec.Command(bin, "run", "billrun", "--period", period.String())
+	base := []string{
+		"COORDINATOR_DATABASE_URL=" + w.dsn,
+		"COORDINATOR_LOCK_REDIS_URL=" + w.redisURL,
+		"COORDINATOR_LOCK_KEY_PREFIX=" + w.prefix,
+		"COORDINATOR_REPLICA_ID=" + id,
+		"COORDINATOR_LOCK_WATCHDOG_TIMEOUT=1s",
+		"COORDINATOR_LOCK_WAIT_TIME=5s",
+		"COORDINATOR_BILLRUN_BATCH_SIZE=100",
+		"COORDINATOR_BILLRUN_WORKERS=2",
+		"COORDINATOR_LOG_FORMAT=json",
+	}
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "COORDINATOR_") && !strings.HasPrefix(kv, "DATABASE_URL=") && !strings.HasPrefix(kv, "REDIS_URL=") {
+			r.cmd.Env = append(r.cmd.Env, kv)
+		}
+	}
+	r.cmd.Env = append(append(r.cmd.Env, base...), env...)
+	r.cmd.Stdout = &r.stdout
+	f, err := os.CreateTemp(t.TempDir(), id+"-stderr-")
+	require.NoError(t, err)
+	r.stderr = f
+	r.cmd.Stderr = f
+	require.NoError(t, r.cmd.Start())
+	go func() {
+		r.err = r.cmd.Wait()
+		close(r.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-r.done:
+		default:
+			_ = r.cmd.Process.Signal(syscall.SIGCONT)
+			_ = r.cmd.Process.Kill()
+			<-r.done
+		}
+	})
+	return r
+}
+
+// wait waits for the process to exit and returns its exit code and result.
+func (r *replica) wait(t *testing.T, within time.Duration) (int, job.Result) {
+	t.Helper()
+	select {
+	case <-r.done:
+	case <-time.After(within):
+		t.Fatalf("replica %s did not exit within %s; stderr:\n%s", r.id, within, r.logs())
+	}
+	code := r.cmd.ProcessState.ExitCode()
+	var res job.Result
+	if line := strings.TrimSpace(r.stdout.String()); line != "" {
+		require.NoError(t, json.Unmarshal([]byte(line), &res), "stdout: %s", line)
+	}
+	return code, res
+}
+
+func (r *replica) logs() string {
+	b, _ := os.ReadFile(r.stderr.Name())
+	return string(b)
+}
+
+// eventTypes returns the CloudEvents types the process wrote on stderr, with
+// their data.
+func (r *replica) events(t *testing.T) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	sc := bufio.NewScanner(strings.NewReader(r.logs()))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var ev map[string]any
+		if json.Unmarshal(sc.Bytes(), &ev) == nil && ev["specversion"] == "1.0" {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+func (r *replica) hasEvent(t *testing.T, typ string) map[string]any {
+	t.Helper()
+	for _, ev := range r.events(t) {
+		if ev["type"] == typ {
+			return ev["data"].(map[string]any)
+		}
+	}
+	return nil
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", within, what)
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval, bounded by the deadline
+	}
+}
+
+func TestProcessThreeConcurrentRuns(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.seed(t, billrun.SeedConfig{Subscribers: 3000, SuspendedRatio: 0.1, TerminatedRatio: 0.1, Usage: true})
+	var reps []*replica
+	for i := range 3 {
+		// Short waits for one of them, so both losing outcomes can show up.
+		wait := []string{"5s", "5s", "100ms"}[i]
+		reps = append(reps, w.start(t, fmt.Sprintf("replica-%d", i),
+			"COORDINATOR_LOCK_WAIT_TIME="+wait, "COORDINATOR_TEST_BILLRUN_BATCH_DELAY=20ms"))
+	}
+	completed := ""
+	outcomes := map[job.Outcome]int{}
+	for _, r := range reps {
+		code, res := r.wait(t, 60*time.Second)
+		outcomes[res.Outcome]++
+		require.Equal(t, res.Outcome.ExitCode(), code, "%s: %s", r.id, r.logs())
+		switch res.Outcome {
+		case job.OutcomeCompleted:
+			completed = r.id
+		case job.OutcomeAlreadyOwned:
+			require.NotNil(t, r.hasEvent(t, "ownership.already_owned"), r.id)
+		case job.OutcomeAlreadyCompleted:
+			require.NotNil(t, r.hasEvent(t, "run.already_completed"), r.id)
+		default:
+			t.Fatalf("%s: outcome %s: %s", r.id, res.Outcome, r.logs())
+		}
+	}
+	require.Equal(t, 1, outcomes[job.OutcomeCompleted], "%v", outcomes)
+	for _, r := range reps {
+		if ev := r.hasEvent(t, "ownership.already_owned"); ev != nil {
+			require.Equal(t, completed, ev["owner"], "already_owned names the owner")
+		}
+	}
+	w.requireExactlyOnce(t, period)
+	st := statusOf(t, w)
+	require.Equal(t, billrun.StatusCompleted, st.Status)
+	require.Equal(t, completed, st.Owner)
+}
+
+func TestProcessKill9MidRunThenResume(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.seed(t, billrun.SeedConfig{Subscribers: 2000, SuspendedRatio: 0.1, Usage: true})
+	a := w.start(t, "replica-a", "COORDINATOR_TEST_BILLRUN_BATCH_DELAY=100ms")
+	waitFor(t, 30*time.Second, "replica-a to commit 3 batches", func() bool {
+		return w.count(t, `select count(*) from bill_run_batches`) >= 3
+	})
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGKILL))
+	<-a.done
+	require.Equal(t, -1, a.cmd.ProcessState.ExitCode(), "killed by a signal")
+	committedByA := w.count(t, `select count(*) from bill_run_batches`)
+	require.Less(t, committedByA, int64(18), "replica-a was killed mid-run")
+
+	b := w.start(t, "replica-b")
+	code, res := b.wait(t, 60*time.Second)
+	require.Equal(t, 0, code, b.logs())
+	require.Equal(t, job.OutcomeCompleted, res.Outcome)
+	require.Equal(t, int64(2), res.Fence)
+	require.Equal(t, committedByA, res.Counts["batches_skipped"])
+	require.Positive(t, res.Counts["batches_skipped"])
+	require.Equal(t, int64(0), res.Counts["already_invoiced"], "no subscriber billed twice")
+	w.requireExactlyOnce(t, period)
+	st := statusOf(t, w)
+	require.Equal(t, billrun.StatusCompleted, st.Status)
+	require.Equal(t, "replica-b", st.Owner)
+}
+
+// The paused owner: SIGSTOP past its lease; another replica claims and
+// completes; SIGCONT. The paused one cannot commit another batch and ends
+// lost (exit 76); bill_runs shows the new owner, COMPLETED.
+func TestProcessPausedOwnerCannotCommit(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.seed(t, billrun.SeedConfig{Subscribers: 2000, SuspendedRatio: 0.1})
+	a := w.start(t, "replica-a", "COORDINATOR_TEST_BILLRUN_BATCH_DELAY=150ms")
+	waitFor(t, 30*time.Second, "replica-a to commit 2 batches", func() bool {
+		return w.count(t, `select count(*) from bill_run_batches`) >= 2
+	})
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGSTOP))
+
+	// replica-b waits out a's lease (1s watchdog timeout), claims fence 2 and completes.
+	b := w.start(t, "replica-b")
+	code, res := b.wait(t, 60*time.Second)
+	require.Equal(t, 0, code, b.logs())
+	require.Equal(t, job.OutcomeCompleted, res.Outcome)
+	require.Equal(t, int64(2), res.Fence)
+	require.Positive(t, res.Counts["batches_skipped"])
+	byA := w.count(t, `select count(*) from bill_run_batches where fence = 1`)
+
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGCONT))
+	code, res = a.wait(t, 30*time.Second)
+	require.Equal(t, job.ExitLost, code, a.logs())
+	require.Equal(t, job.OutcomeLost, res.Outcome)
+	lost := a.hasEvent(t, "ownership.lost")
+	require.NotNil(t, lost, a.logs())
+	require.Contains(t, []any{billrun.ReasonLeaseLost, billrun.ReasonFenceLost}, lost["reason"])
+
+	require.Equal(t, byA, w.count(t, `select count(*) from bill_run_batches where fence = 1`), "no batch committed under the stale fence after SIGCONT")
+	require.Equal(t, int64(0), w.count(t, `
+		select count(*) from bill_run_batches b, bill_runs r
+		where b.period = r.period and b.fence = 1 and b.committed_at >= r.started_at`), "every stale batch committed before the new claim")
+	st := statusOf(t, w)
+	require.Equal(t, billrun.StatusCompleted, st.Status)
+	require.Equal(t, "replica-b", st.Owner)
+	require.Equal(t, int64(2), st.Fence)
+	w.requireExactlyOnce(t, period)
+}
+
+// statusOf reads the period's bill_runs row.
+func statusOf(t *testing.T, w *world) billrun.Status {
+	t.Helper()
+	l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "reader"})
+	defer l.Close()
+	st, err := billrun.New(w.pool, l, nil, billrun.Config{}).Status(context.Background(), period)
+	require.NoError(t, err)
+	return st
+}
