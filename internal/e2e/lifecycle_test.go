@@ -76,7 +76,7 @@ func TestGracefulShutdown(t *testing.T) {
 		require.Equal(t, 0, r2.terminate(t, 20*time.Second))
 	})
 
-	t.Run("second signal exits at once", func(t *testing.T) {
+	t.Run("draining refuses new work; a second signal exits at once", func(t *testing.T) {
 		env := map[string]string{"COORDINATOR_TEST_BILLRUN_BATCH_DELAY": "2s", "COORDINATOR_SHUTDOWN_TIMEOUT": "60s"}
 		r := d.start("impatient", env, "--reaper-schedule=")
 		code, _, body := r.post(t, d.token, "/v1/billruns", `{"period":"2026-03"}`)
@@ -90,6 +90,13 @@ func TestGracefulShutdown(t *testing.T) {
 			}
 			return false
 		}, func() string { return "no shutdown_started line" })
+		// Draining: the run goes on, new work is refused, readiness fails.
+		code, _, body = r.post(t, d.token, "/v1/billruns", `{"period":"2026-02"}`)
+		require.Equal(t, http.StatusServiceUnavailable, code, string(body))
+		require.Contains(t, string(body), `"code":"SHUTTING_DOWN"`)
+		code, body = r.get(t, "", "/readyz")
+		require.Equal(t, http.StatusServiceUnavailable, code, string(body))
+		require.Contains(t, string(body), "shutting down")
 		require.NoError(t, r.cmd.Process.Signal(syscall.SIGTERM))
 		select {
 		case <-r.done:
