@@ -19,7 +19,7 @@ func TestBillRunTriggeredFourTimesRunsOnce(t *testing.T) {
 	const period = "2026-11"
 	key := "billrun:" + period
 	d.seedSubscribers(3000, period)
-	// ~27 batches of 100 at 150 ms each over 4 workers: the run lasts about
+	// 26 batches of 100 at 150 ms each over 4 workers: the run lasts about
 	// a second, long enough for the HTTP trigger to meet it in flight.
 	rs := d.startReplicas(3, map[string]string{"COORDINATOR_TEST_BILLRUN_BATCH_DELAY": "150ms"}, "--reaper-schedule=")
 
