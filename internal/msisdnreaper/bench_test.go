@@ -1,6 +1,7 @@
 package msisdnreaper
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -99,8 +100,9 @@ func BenchmarkSweepVsSingleUpdate(b *testing.B) {
 	b.ReportMetric(0, "ns/op")
 }
 
-// BenchmarkSweepVariants measures batch size, workers and ordering by
-// reserved_until, each on freshly seeded data.
+// BenchmarkSweepVariants measures batch size, workers and the scan (the
+// msisdn cursor, no order, order by reserved_until), each on freshly seeded
+// data. Select some with -bench 'SweepVariants/scan=cursor'.
 //
 //	go test ./internal/msisdnreaper -run '^$' -bench SweepVariants -benchtime 2x
 func BenchmarkSweepVariants(b *testing.B) {
@@ -117,18 +119,19 @@ func BenchmarkSweepVariants(b *testing.B) {
 	})
 	for _, v := range []struct {
 		batch, workers int
-		ordered        bool
+		scan           string
 	}{
-		{1000, 1, false}, {1000, 2, false}, {1000, 4, false},
-		{1000, 2, true},
-		{500, 2, false}, {2000, 2, false}, {5000, 2, false},
+		{1000, 1, ""}, {1000, 2, ""}, {1000, 4, ""},
+		{1000, 1, "unordered"}, {1000, 2, "unordered"},
+		{1000, 2, "ordered"},
+		{500, 2, ""}, {2000, 2, ""}, {5000, 2, ""},
 	} {
-		name := fmt.Sprintf("batch=%d/workers=%d/ordered=%t", v.batch, v.workers, v.ordered)
+		name := fmt.Sprintf("scan=%s/batch=%d/workers=%d", cmp.Or(v.scan, "cursor"), v.batch, v.workers)
 		b.Run(name, func(b *testing.B) {
 			var rate float64
 			for b.Loop() {
 				freshPool(b, pg, stale)
-				rate += sweepOnce(b, pg, stale, Config{BatchSize: v.batch, Workers: v.workers, orderByExpiry: v.ordered})
+				rate += sweepOnce(b, pg, stale, Config{BatchSize: v.batch, Workers: v.workers, scan: v.scan})
 			}
 			b.ReportMetric(rate/float64(b.N), "rows/s")
 			b.ReportMetric(0, "ns/op")
