@@ -365,3 +365,63 @@ func TestMinHoldKeepsASecondReplicaOutForTheInterval(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, locks)
 }
+
+func TestSweepStopsAtTheNextBatchWhenTheLeaseIsLostOrOnShutdown(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		reason string
+	}{{"lease lost", stopLeaseLost}, {"shutdown", stopShutdown}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			pg := testenv.Postgres(t)
+			rd := testenv.Redis(t)
+			_, err := Seed(context.Background(), pg.Pool, SeedSpec{StaleReserved: 3000})
+			require.NoError(t, err)
+			slowBatches(t, pg)
+			l := redisLocker(t, rd, "replica-a", time.Second)
+			rec := &events.Recorder{}
+			s := NewSweeper(pg.Pool, l, rec, Config{ReplicaID: "replica-a", Lease: time.Minute, BatchSize: 100, Workers: 1})
+
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan job.Result, 1)
+			go func() { done <- s.Sweep(ctx, cliTrigger) }()
+			require.Eventually(t, func() bool {
+				var n int
+				require.NoError(t, pg.Pool.QueryRow(context.Background(), `select count(*) from sweep_batches`).Scan(&n))
+				return n >= 2
+			}, 10*time.Second, 5*time.Millisecond)
+			if tc.reason == stopLeaseLost {
+				require.NoError(t, l.Close()) // every lease it holds is lost
+			} else {
+				cancel()
+			}
+			res := <-done
+			require.Equal(t, job.OutcomeLost, res.Outcome)
+			require.Equal(t, job.ExitLost, res.Outcome.ExitCode())
+			require.Contains(t, res.Error, tc.reason)
+			require.Less(t, res.Counts["freed"], int64(3000), "no batch after the stop")
+			require.Equal(t, res.Counts["batches"]*100, res.Counts["freed"], "the batch in flight finished")
+			var stale int64
+			require.NoError(t, pg.Pool.QueryRow(context.Background(),
+				`select count(*) from msisdn_pool where state = 'RESERVED'`).Scan(&stale))
+			require.Equal(t, 3000-res.Counts["freed"], stale)
+			lost := rec.OfType(events.OwnershipLost)
+			require.Len(t, lost, 1)
+			require.Equal(t, tc.reason, lost[0].Extra["reason"])
+			if tc.reason == stopShutdown {
+				// On shutdown the lock is released for the next replica.
+				require.Equal(t, "delete", rec.OfType(events.OwnershipReleased)[0].Extra["release"])
+				require.Empty(t, mustLocks(t, rd))
+			}
+		})
+	}
+}
+
+func mustLocks(t testing.TB, rd *testenv.RedisEnv) []string {
+	t.Helper()
+	keys, err := rd.Client.Keys(context.Background(), rd.Prefix+":*:lock").Result()
+	require.NoError(t, err)
+	return keys
+}
