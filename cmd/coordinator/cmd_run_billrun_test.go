@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/testenv"
+)
+
+func TestSeedAndRunBillrun(t *testing.T) {
+	t.Parallel()
+	pg := testenv.Postgres(t)
+	rd := testenv.Redis(t)
+	env := func(replica string) map[string]string {
+		return map[string]string{
+			"COORDINATOR_DATABASE_URL": pg.DSN, "COORDINATOR_LOCK_REDIS_URL": rd.URL, "COORDINATOR_LOCK_KEY_PREFIX": rd.Prefix,
+			"COORDINATOR_REPLICA_ID": replica, "COORDINATOR_LOCK_WAIT_TIME": "100ms", "COORDINATOR_BILLRUN_BATCH_SIZE": "50",
+		}
+	}
+
+	code, out, errs := runCLI(t, env("seeder"), "seed", "--subscribers", "500", "--suspended-ratio", "0.1",
+		"--terminated-ratio", "0.1", "--usage", "--period", "2026-11")
+	require.Equal(t, 0, code, errs)
+	var seeded struct {
+		Subscribers  int64 `json:"subscribers"`
+		Active       int64 `json:"active"`
+		UsageCharges int64 `json:"usage_charges"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &seeded), out)
+	require.Equal(t, int64(500), seeded.Subscribers)
+	require.Positive(t, seeded.UsageCharges)
+	// Idempotent: the same ids again create nothing.
+	code, out, errs = runCLI(t, env("seeder"), "seed", "--subscribers", "500", "--usage", "--period", "2026-11")
+	require.Equal(t, 0, code, errs)
+	require.Contains(t, out, `"subscribers":0`)
+
+	code, out, errs = runCLI(t, env("cli-a"), "run", "billrun", "--period", "2026-11", "--request-id", "r-1")
+	require.Equal(t, job.ExitOK, code, errs)
+	var res job.Result
+	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
+	require.Equal(t, job.OutcomeCompleted, res.Outcome)
+	require.Equal(t, "billrun", res.Job)
+	require.Equal(t, "billrun:2026-11", res.Key)
+	require.Equal(t, "r-1", res.RequestID)
+	require.Equal(t, "cli-a", res.Owner)
+	require.Equal(t, seeded.Active, res.Counts["invoices_created"])
+	for _, typ := range []string{`"type":"ownership.acquired"`, `"type":"run.completed"`, `"type":"ownership.released"`} {
+		require.Contains(t, errs, typ)
+	}
+	var invoices int64
+	require.NoError(t, pg.Pool.QueryRow(context.Background(), `select count(*) from invoices where period = '2026-11'`).Scan(&invoices))
+	require.Equal(t, seeded.Active, invoices)
+
+	code, out, errs = runCLI(t, env("cli-b"), "run", "billrun", "--period", "2026-11")
+	require.Equal(t, job.ExitOK, code, errs)
+	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
+	require.Equal(t, job.OutcomeAlreadyCompleted, res.Outcome)
+	require.Equal(t, "cli-a", res.Owner)
+	require.Contains(t, errs, `"type":"run.already_completed"`)
+
+	unreachable := env("cli-c")
+	unreachable["COORDINATOR_LOCK_REDIS_URL"] = "redis://127.0.0.1:1/0"
+	code, out, _ = runCLI(t, unreachable, "run", "billrun", "--period", "2026-12")
+	require.Equal(t, job.ExitUnavailable, code)
+	require.Contains(t, out, `"outcome":"unavailable"`)
+}
+
+func TestRunBillrunBadInput(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"COORDINATOR_DATABASE_URL": "postgres://127.0.0.1:1/none"}
+	for _, args := range [][]string{
+		{"run", "billrun"},
+		{"run", "billrun", "--period", "2026-13"},
+		{"run", "billrun", "--period", "1999-12"},
+		{"run", "billrun", "--period", "2026-11", "extra"},
+		{"seed", "--subscribers", "-1"},
+		{"seed", "--subscribers", "10", "--suspended-ratio", "0.7", "--terminated-ratio", "0.5"},
+		{"seed", "--subscribers", "10", "--period", "2026-1"},
+	} {
+		code, _, errs := runCLI(t, env, args...)
+		require.Equal(t, job.ExitUsage, code, "%v: %s", args, errs)
+	}
+	_, _, errs := runCLI(t, env, "run", "billrun", "--period", "2026-13")
+	require.Contains(t, errs, `"2026-13"`, "the message names the bad value")
+}
