@@ -33,6 +33,19 @@
 //     already invoiced are reported in one billrun.invoice_conflict event
 //     (count and sample) and in the result's counts.
 //
+// # Events
+//
+// Through the events.Emitter given to New: Key = the lock key, Job
+// "billrun", Replica, Trigger (the trigger's source), RequestID. Fence is the
+// bill_runs claim fence once the period is claimed (data.lock_fence carries
+// the Redis lease's token); ownership.acquired, emitted before the claim,
+// carries the lease's token as Fence. ownership.already_owned names the
+// Owner. run.completed, run.failed and ownership.lost carry the counts;
+// ownership.lost its reason (lease_lost, fence_lost, shutdown); run.failed
+// the error. billrun.invoice_conflict comes once per run with the
+// already_invoiced count and a sample of subscriber ids, and once per
+// escaped unique violation with sqlstate, constraint and id range.
+//
 // # States of a bill_runs row
 //
 //	            claim (fence+1)                    all batches committed
