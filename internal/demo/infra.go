@@ -169,9 +169,21 @@ func asPostgresUser(cmd *exec.Cmd) error {
 	}
 	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
 	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 	cmd.Dir = "/"
 	return nil
+}
+
+// dieWithParent asks the kernel to send sig to the child if the demo dies
+// without stopping it (SIGKILL, a crash), so nothing keeps running.
+func dieWithParent(cmd *exec.Cmd, sig syscall.Signal) {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Pdeathsig = sig
 }
 
 func chownToPostgres(path string) error {
@@ -215,6 +227,7 @@ func startPostgres(ctx context.Context, bin, dir string) (*proc, string, error) 
 		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
 		"-c", "max_connections=100", "-c", "shared_buffers=128MB", "-c", "log_min_messages=warning")
 	cmd.Stdout, cmd.Stderr = logBuf, logBuf
+	dieWithParent(cmd, syscall.SIGQUIT) // the postmaster's immediate shutdown
 	if err := asPostgresUser(cmd); err != nil {
 		return nil, "", err
 	}
@@ -253,6 +266,7 @@ func startRedis(ctx context.Context, bin, dir string) (*proc, string, error) {
 	cmd := exec.Command(bin, "--bind", "127.0.0.1", "--port", strconv.Itoa(port), "--save", "", "--appendonly", "no",
 		"--dir", dir, "--daemonize", "no", "--loglevel", "warning")
 	cmd.Stdout, cmd.Stderr = logBuf, logBuf
+	dieWithParent(cmd, syscall.SIGKILL)
 	p, err := startProc("redis-server", cmd)
 	if err != nil {
 		return nil, "", err
