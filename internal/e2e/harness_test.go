@@ -120,6 +120,17 @@ func newDeployment(t *testing.T, redisURL string) *deployment {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	require.NoError(t, topics.Ensure(ctx, d.adm, d.names, true))
+	// Runs after the replicas and the event tail stopped (cleanups are LIFO).
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		if _, err := d.adm.DeleteGroups(ctx, d.group); err != nil {
+			t.Logf("delete group %s: %v", d.group, err)
+		}
+		if _, err := d.adm.DeleteTopics(ctx, d.names.All()...); err != nil {
+			t.Logf("delete topics: %v", err)
+		}
+	})
 	d.events = newEventLog(t, d.brokers, d.names.Events)
 	return d
 }
