@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -122,6 +123,32 @@ func procStatus(pid int) (rss int64, threads int, err error) {
 	return rss, threads, nil
 }
 
+// redisScriptCalls returns EVAL + EVALSHA calls from INFO commandstats: the
+// script round trips (every library here renews with a script).
+func redisScriptCalls(ctx context.Context, c *redis.Client) (int64, error) {
+	info, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, line := range strings.Split(info, "\n") {
+		line = strings.TrimSpace(line)
+		for _, p := range []string{"cmdstat_eval:calls=", "cmdstat_evalsha:calls="} {
+			if v, ok := strings.CutPrefix(line, p); ok {
+				v, _, _ = strings.Cut(v, ",")
+				k, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					return 0, err
+				}
+				n += k
+			}
+		}
+	}
+	return n, nil
+}
+
+// redisTotalCommands returns total_commands_processed, which counts the
+// commands a script runs as well as the script call itself.
 func redisTotalCommands(ctx context.Context, c *redis.Client) (int64, error) {
 	info, err := c.Info(ctx, "stats").Result()
 	if err != nil {
@@ -148,7 +175,7 @@ func measureHold(name string, cmd *exec.Cmd, admin *redis.Client, n int, d time.
 	if err != nil {
 		return fail(err)
 	}
-	var stderr strings.Builder
+	var stderr lockedBuffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		return fail(err)
@@ -182,7 +209,7 @@ func measureHold(name string, cmd *exec.Cmd, admin *redis.Client, n int, d time.
 		case <-time.After(timeout):
 			_ = cmd.Process.Kill()
 			<-ch
-			return "", errors.New("peerbench: hold child timed out")
+			return "", fmt.Errorf("peerbench: hold child timed out: %s", stderr.String())
 		}
 	}
 	line, err := readLine(5 * time.Minute)
@@ -199,21 +226,24 @@ func measureHold(name string, cmd *exec.Cmd, admin *redis.Client, n int, d time.
 	pid := cmd.Process.Pid
 	cpu0, err1 := procCPU(pid)
 	cmds0, err2 := redisTotalCommands(ctx, admin)
+	scripts0, err3 := redisScriptCalls(ctx, admin)
 	t0 := time.Now()
-	if err := errors.Join(err1, err2); err != nil {
+	if err := errors.Join(err1, err2, err3); err != nil {
 		return fail(err)
 	}
 	time.Sleep(d) // the measured window
 	cpu1, err1 := procCPU(pid)
 	cmds1, err2 := redisTotalCommands(ctx, admin)
+	scripts1, err4 := redisScriptCalls(ctx, admin)
 	elapsed := time.Since(t0)
 	rss, threads, err3 := procStatus(pid)
-	if err := errors.Join(err1, err2, err3); err != nil {
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
 		return fail(err)
 	}
 	r.Seconds = elapsed.Seconds()
 	r.CPUSeconds = (cpu1 - cpu0).Seconds()
-	r.RedisCmdsPS = float64(cmds1-cmds0-1) / elapsed.Seconds() // less our own INFO
+	r.RedisCmdsPS = float64(cmds1-cmds0-2) / elapsed.Seconds() // less our own INFOs
+	r.RedisScriptsPS = float64(scripts1-scripts0) / elapsed.Seconds()
 	r.RSSBytes = rss
 	r.Threads = threads
 
@@ -234,4 +264,26 @@ func measureHold(name string, cmd *exec.Cmd, admin *redis.Client, n int, d time.
 		r.Note = fmt.Sprintf("released %d of %d at the end", rep.Released, n)
 	}
 	return r
+}
+
+// lockedBuffer collects a child's stderr; String may be called while the
+// child still writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.b.Len() > 64<<10 {
+		return len(p), nil
+	}
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

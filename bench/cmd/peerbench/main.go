@@ -18,13 +18,9 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -61,14 +57,16 @@ type options struct {
 	childHold    string
 	load         string
 	cpuProfile   string
+	rounds       int
 }
 
 func run(args []string) error {
 	var o options
 	fs := flag.NewFlagSet("peerbench", flag.ContinueOnError)
 	fs.StringVar(&o.addr, "redis", "127.0.0.1:16390", "Redis host:port (a Redis of the benchmark's own)")
-	fs.DurationVar(&o.duration, "duration", 3*time.Second, "measured window of workloads a, b, c")
-	fs.DurationVar(&o.warmup, "warmup", time.Second, "warm-up before a (half of it before b and c)")
+	fs.DurationVar(&o.duration, "duration", 2*time.Second, "measured window of workloads a, b, c (each round)")
+	fs.DurationVar(&o.warmup, "warmup", 500*time.Millisecond, "warm-up before a (half of it before b and c)")
+	fs.IntVar(&o.rounds, "rounds", 3, "rounds of a, b, c; each library's median round is reported")
 	fs.DurationVar(&o.holdWork, "hold-work", time.Millisecond, "time a contended holder keeps the lock (c)")
 	fs.DurationVar(&o.holdDuration, "hold-duration", 60*time.Second, "measured window of workload d")
 	fs.IntVar(&o.locks, "locks", 10000, "watchdog-held locks in workload d")
@@ -133,63 +131,80 @@ func run(args []string) error {
 		fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, a...)...)
 	}
 
-	// a, b, c, e for the Go libraries, in this process.
-	for _, spec := range libs {
-		if !selected(spec.name) {
-			continue
+	// a, b, c in rounds, interleaving the libraries (Redisson too, through
+	// its serve mode); then e once per library.
+	var runners []runner
+	defer func() {
+		for _, r := range runners {
+			_ = r.close()
 		}
-		l, err := spec.build(cfg)
-		if err != nil {
-			return fmt.Errorf("%s: %w", spec.name, err)
+	}()
+	if strings.ContainsAny(o.workloads, "abce") {
+		for _, spec := range libs {
+			if selected(spec.name) {
+				g, err := newGoRunner(spec, cfg, p, admin, o.lostWatchdog)
+				if err != nil {
+					return err
+				}
+				runners = append(runners, g)
+			}
 		}
-		add := func(r Result) {
-			r.Descriptor = spec.desc
-			logf("%-22s %-16s %s", spec.name, r.Workload, r.brief())
-			rep.Results = append(rep.Results, r)
-		}
-		if want(spec.workloads, 'a') {
-			add(runUncontended(l, spec.name, p))
-		}
-		if want(spec.workloads, 'b') {
-			add(runDistinct(l, spec.name, 16, p))
-		}
-		if want(spec.workloads, 'c') {
-			add(runContended(l, spec.name, 4, p))
-			add(runContended(l, spec.name, 32, p))
-		}
-		if err := l.close(); err != nil {
-			return err
-		}
-		if want(spec.workloads, 'e') {
-			lcfg := cfg
-			lcfg.watchdog = o.lostWatchdog
-			ll, err := spec.build(lcfg)
+		if o.java != "" && selected(redissonName) {
+			j, err := startJava(o)
 			if err != nil {
-				return err
+				return fmt.Errorf("redisson harness: %w", err)
 			}
-			r := runLost(ll, spec.name, admin, o.lostWatchdog, p)
-			r.Mechanism = cmpOr(spec.lostMechanism, r.Mechanism)
-			add(r)
-			if err := ll.close(); err != nil {
-				return err
+			for k, v := range j.versions {
+				rep.Meta.Versions[k] = v
+			}
+			runners = append(runners, j)
+		}
+	}
+	var rounds []Result
+	for round := range o.rounds {
+		for _, step := range []string{"a", "b", "c4", "c32"} {
+			if strings.IndexByte(o.workloads, step[0]) < 0 {
+				continue
+			}
+			// Rotate the order each round, so no library always runs first.
+			for i := range runners {
+				rn := runners[(i+round)%len(runners)]
+				if !rn.has(step) {
+					continue
+				}
+				rs, err := rn.run(step)
+				if err != nil {
+					return fmt.Errorf("%s %s: %w", rn.name(), step, err)
+				}
+				for _, r := range rs {
+					logf("round %d %-22s %-16s %s", round+1, r.Library, r.Workload, r.brief())
+				}
+				rounds = append(rounds, rs...)
 			}
 		}
 	}
-
-	// Redisson: a, b, c, e in one JVM.
-	if o.java != "" && selected("redisson") && strings.ContainsAny(o.workloads, "abce") {
-		rs, jmeta, err := runJavaSuite(o)
-		if err != nil {
-			return fmt.Errorf("redisson suite: %w", err)
-		}
-		for _, r := range rs {
-			logf("%-22s %-16s %s", r.Library, r.Workload, r.brief())
-		}
-		rep.Results = append(rep.Results, rs...)
-		for k, v := range jmeta {
-			rep.Meta.Versions[k] = v
+	rep.Results = append(rep.Results, median(rounds)...)
+	if strings.IndexByte(o.workloads, 'e') >= 0 {
+		for _, rn := range runners {
+			if !rn.has("e") {
+				continue
+			}
+			rs, err := rn.run("e")
+			if err != nil {
+				return fmt.Errorf("%s e: %w", rn.name(), err)
+			}
+			for _, r := range rs {
+				logf("%-22s %-16s %s", r.Library, r.Workload, r.brief())
+			}
+			rep.Results = append(rep.Results, rs...)
 		}
 	}
+	for _, r := range runners {
+		if err := r.close(); err != nil {
+			return fmt.Errorf("%s: %w", r.name(), err)
+		}
+	}
+	runners = nil
 
 	// d: a child process per library.
 	if strings.IndexByte(o.workloads, 'd') >= 0 {
@@ -210,7 +225,7 @@ func run(args []string) error {
 				return err
 			}
 		}
-		if o.java != "" && selected("redisson") {
+		if o.java != "" && selected(redissonName) {
 			argv := append(strings.Fields(o.java), "hold", "--redis", o.addr, "--n", fmt.Sprint(o.locks))
 			cmd := exec.Command(argv[0], argv[1:]...)
 			r := measureHold("redisson", cmd, admin, o.locks, o.holdDuration)
@@ -222,59 +237,6 @@ func run(args []string) error {
 	rep.Meta.LoadEnd = loadAvg()
 	rep.Meta.Finished = time.Now().UTC().Format(time.RFC3339)
 	return rep.write(o.out)
-}
-
-// runJavaSuite runs workloads a, b, c, e with Redisson and returns its rows
-// and the versions it reports.
-func runJavaSuite(o options) ([]Result, map[string]string, error) {
-	argv := append(strings.Fields(o.java), "suite",
-		"--redis", o.addr,
-		"--duration-ms", fmt.Sprint(o.duration.Milliseconds()),
-		"--warmup-ms", fmt.Sprint(o.warmup.Milliseconds()),
-		"--hold-work-us", fmt.Sprint(o.holdWork.Microseconds()),
-		"--lost-watchdog-ms", fmt.Sprint(o.lostWatchdog.Milliseconds()),
-		"--trials", fmt.Sprint(o.trials),
-		"--workloads", o.workloads)
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, nil, err
-	}
-	var rs []Result
-	meta := map[string]string{}
-	sc := bufio.NewScanner(out)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	var parseErr error
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if !strings.HasPrefix(line, "{") {
-			continue
-		}
-		var probe map[string]json.RawMessage
-		if err := json.Unmarshal([]byte(line), &probe); err != nil {
-			parseErr = errors.Join(parseErr, fmt.Errorf("%q: %w", line, err))
-			continue
-		}
-		if m, ok := probe["versions"]; ok {
-			_ = json.Unmarshal(m, &meta)
-			continue
-		}
-		var r Result
-		if err := json.Unmarshal([]byte(line), &r); err != nil {
-			parseErr = errors.Join(parseErr, err)
-			continue
-		}
-		rs = append(rs, r)
-	}
-	_, _ = io.Copy(io.Discard, out)
-	if err := cmd.Wait(); err != nil {
-		return rs, meta, errors.Join(err, parseErr)
-	}
-	return rs, meta, parseErr
 }
 
 // Meta records where and how the figures were measured.
@@ -303,6 +265,7 @@ func collectMeta(ctx context.Context, admin *redis.Client, o options) Meta {
 		Versions:  map[string]string{"go": runtime.Version()},
 		Params: map[string]string{
 			"duration":      o.duration.String(),
+			"rounds":        fmt.Sprint(o.rounds),
 			"warmup":        o.warmup.String(),
 			"hold_work":     o.holdWork.String(),
 			"hold_duration": o.holdDuration.String(),

@@ -30,7 +30,7 @@ func (r Result) brief() string {
 	case r.Error != "":
 		return "error: " + r.Error
 	case r.Workload == wHold:
-		return fmt.Sprintf("cpu=%.2fs cmds/s=%.0f rss=%.0fMiB goroutines=%d threads=%d lost=%d", r.CPUSeconds, r.RedisCmdsPS, mib(r.RSSBytes), r.Goroutines, r.Threads, r.LostDuring)
+		return fmt.Sprintf("cpu=%.2fs cmds/s=%.0f scripts/s=%.0f rss=%.0fMiB goroutines=%d threads=%d lost=%d", r.CPUSeconds, r.RedisCmdsPS, r.RedisScriptsPS, mib(r.RSSBytes), r.Goroutines, r.Threads, r.LostDuring)
 	case r.Workload == wLost:
 		return fmt.Sprintf("detected %d/%d p50=%.0fms max=%.0fms (%s)", r.Detected, r.Trials, r.DetectP50, r.DetectMax, r.Mechanism)
 	case r.HandoffP50us > 0 || r.Workload == wContended4 || r.Workload == wContended32:
@@ -218,15 +218,15 @@ func (rep *report) markdown() string {
 	w("Chart: `handoff.svg`.\n")
 
 	w("\n## (d) %s watchdog-held locks in one process for %s\n\n", m.Params["locks"], m.Params["hold_duration"])
-	w("| library | how it is held | CPU s in window | Redis commands/s | RSS MiB | goroutines | threads | acquire all (s) | lost during |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	w("| library | how it is held | CPU s in window | Redis commands/s | of which script calls/s | RSS MiB | goroutines | threads | acquire all (s) | lost during |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rep.rows(wHold) {
 		g := "-"
 		if r.Goroutines > 0 {
 			g = fmt.Sprint(r.Goroutines)
 		}
-		w("| %s%s | %s | %.2f | %.0f | %.0f | %s | %d | %.2f | %d |\n", r.Library, errCell(r), r.Descriptor, r.CPUSeconds, r.RedisCmdsPS, mib(r.RSSBytes), g, r.Threads, r.AcquireSecs, r.LostDuring)
+		w("| %s%s | %s | %.2f | %.0f | %.0f | %.0f | %s | %d | %.2f | %d |\n", r.Library, errCell(r), r.Descriptor, r.CPUSeconds, r.RedisCmdsPS, r.RedisScriptsPS, mib(r.RSSBytes), g, r.Threads, r.AcquireSecs, r.LostDuring)
 	}
-	w("\nCPU is the process's utime+stime over the window (/proc/PID/stat), Redis commands/s is the INFO stats total_commands_processed delta over the window, RSS and threads from /proc/PID/status at the end of the window. Each library runs in a fresh process.\n")
+	w("\nCPU is the process's utime+stime over the window (/proc/PID/stat), Redis commands/s is the INFO stats total_commands_processed delta over the window (it counts the commands a Lua script runs as well as the script call), script calls/s the EVAL+EVALSHA calls (INFO commandstats), that is the renewal round trips; RSS and threads from /proc/PID/status at the end of the window. Each library runs in a fresh process.\n")
 
 	w("\n## (e) Lost-lock detection (key deleted behind the holder's back, TTL %s, bound %s x 3)\n\n", m.Params["lost_watchdog"], m.Params["lost_watchdog"])
 	w("| library | how the holder learns | detected / trials | p50 | max |\n|---|---|---:|---:|---:|\n")

@@ -25,6 +25,10 @@ type Result struct {
 	Ops      int64   `json:"ops,omitempty"`
 	Failures int64   `json:"failures,omitempty"`
 	OpsPerS  float64 `json:"ops_per_s,omitempty"`
+	// Rounds this row is the median of (by OpsPerS), and their spread.
+	Rounds     int     `json:"rounds,omitempty"`
+	OpsPerSMin float64 `json:"ops_per_s_min,omitempty"`
+	OpsPerSMax float64 `json:"ops_per_s_max,omitempty"`
 	// P50us/P99us: acquire+release pair latency (a).
 	P50us float64 `json:"p50_us,omitempty"`
 	P99us float64 `json:"p99_us,omitempty"`
@@ -47,11 +51,13 @@ type Result struct {
 	Locks       int     `json:"locks,omitempty"`
 	CPUSeconds  float64 `json:"cpu_s,omitempty"`
 	RedisCmdsPS float64 `json:"redis_cmds_per_s,omitempty"`
-	RSSBytes    int64   `json:"rss_bytes,omitempty"`
-	Goroutines  int     `json:"goroutines,omitempty"`
-	Threads     int     `json:"threads,omitempty"`
-	LostDuring  int     `json:"lost_during,omitempty"`
-	AcquireSecs float64 `json:"acquire_s,omitempty"`
+	// RedisScriptsPS counts EVAL/EVALSHA calls: the renewal round trips.
+	RedisScriptsPS float64 `json:"redis_scripts_per_s,omitempty"`
+	RSSBytes       int64   `json:"rss_bytes,omitempty"`
+	Goroutines     int     `json:"goroutines,omitempty"`
+	Threads        int     `json:"threads,omitempty"`
+	LostDuring     int     `json:"lost_during,omitempty"`
+	AcquireSecs    float64 `json:"acquire_s,omitempty"`
 	// Lost-lock detection (e): ms from the key's deletion until the holder
 	// knows, over Trials; Detected of them were noticed within BoundMs.
 	Trials     int     `json:"trials,omitempty"`

@@ -25,8 +25,8 @@ import org.redisson.config.Config;
  * same keys as the Go harness's Result.
  *
  * <pre>
- *   suite --redis HOST:PORT --duration-ms N --warmup-ms N --hold-work-us N
- *         --lost-watchdog-ms N --trials N --workloads abce
+ *   serve --redis HOST:PORT --duration-ms N --warmup-ms N --hold-work-us N
+ *         --lost-watchdog-ms N --trials N      (a, b, c, e on command)
  *   hold  --redis HOST:PORT --n N      (workload d; protocol in hold.go)
  * </pre>
  */
@@ -37,7 +37,7 @@ public final class Main {
 
     public static void main(String[] args) throws Exception {
         if (args.length == 0) {
-            System.err.println("usage: Main suite|hold --redis HOST:PORT ...");
+            System.err.println("usage: Main serve|hold --redis HOST:PORT ...");
             System.exit(64);
         }
         Map<String, String> o = new HashMap<>();
@@ -45,14 +45,22 @@ public final class Main {
             o.put(args[i].replaceFirst("^--", ""), args[i + 1]);
         }
         String addr = "redis://" + o.getOrDefault("redis", "127.0.0.1:16390");
-        switch (args[0]) {
-            case "suite" -> suite(addr, o);
-            case "hold" -> hold(addr, Integer.parseInt(o.getOrDefault("n", "10000")));
-            default -> {
-                System.err.println("unknown mode " + args[0]);
-                System.exit(64);
+        try {
+            switch (args[0]) {
+                case "serve" -> serve(addr, o);
+                case "hold" -> hold(addr, Integer.parseInt(o.getOrDefault("n", "10000")));
+                default -> {
+                    System.err.println("unknown mode " + args[0]);
+                    System.exit(64);
+                }
             }
+        } catch (Throwable t) {
+            // Redisson's threads would keep the JVM alive: exit, so the Go
+            // harness sees the failure at once.
+            t.printStackTrace();
+            System.exit(1);
         }
+        System.exit(0);
     }
 
     static RedissonClient client(String addr, long watchdogMs) {
@@ -66,13 +74,18 @@ public final class Main {
 
     // ------------------------------------------------------------ suite
 
-    static void suite(String addr, Map<String, String> o) throws Exception {
+    /**
+     * Runs workloads on command, so that the Go harness can interleave
+     * Redisson with the Go libraries round by round: reads "a", "b", "c4",
+     * "c32", "e" or "quit" lines on stdin, answers each with result lines and
+     * then "end".
+     */
+    static void serve(String addr, Map<String, String> o) throws Exception {
         long durationMs = Long.parseLong(o.getOrDefault("duration-ms", "3000"));
         long warmupMs = Long.parseLong(o.getOrDefault("warmup-ms", "1000"));
         long holdWorkUs = Long.parseLong(o.getOrDefault("hold-work-us", "1000"));
         long lostWatchdogMs = Long.parseLong(o.getOrDefault("lost-watchdog-ms", "3000"));
         int trials = Integer.parseInt(o.getOrDefault("trials", "5"));
-        String workloads = o.getOrDefault("workloads", "abce");
 
         Map<String, String> versions = new HashMap<>();
         versions.put("java", System.getProperty("java.version") + " (" + System.getProperty("java.vm.name") + ")");
@@ -81,30 +94,44 @@ public final class Main {
         String jvmOpts = String.join(" ", ManagementFactory.getRuntimeMXBean().getInputArguments());
         versions.put("jvm options", jvmOpts.isEmpty() ? "(defaults)" : jvmOpts);
         System.out.println("{\"versions\":" + json(versions) + "}");
+        System.out.println("end");
+        System.out.flush();
 
         RedissonClient r = client(addr, 0);
+        BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+        boolean warmed = false;
         try {
-            if (workloads.indexOf('a') >= 0) {
-                emit(uncontended(r, durationMs, warmupMs));
-            }
-            if (workloads.indexOf('b') >= 0) {
-                emit(distinct(r, 16, durationMs, warmupMs / 2));
-            }
-            if (workloads.indexOf('c') >= 0) {
-                emit(contended(r, 4, durationMs, warmupMs / 2, holdWorkUs));
-                emit(contended(r, 32, durationMs, warmupMs / 2, holdWorkUs));
+            for (String line; (line = in.readLine()) != null;) {
+                String cmd = line.trim();
+                if (cmd.equals("quit")) {
+                    break;
+                }
+                if (!warmed) {
+                    // JIT warm-up once, on top of each workload's own.
+                    warm(r, "redisson:warmup", warmupMs * 2);
+                    warmed = true;
+                }
+                switch (cmd) {
+                    case "a" -> emit(uncontended(r, durationMs, warmupMs));
+                    case "b" -> emit(distinct(r, 16, durationMs, warmupMs / 2));
+                    case "c4" -> emit(contended(r, 4, durationMs, warmupMs / 2, holdWorkUs));
+                    case "c32" -> emit(contended(r, 32, durationMs, warmupMs / 2, holdWorkUs));
+                    case "e" -> {
+                        RedissonClient rl = client(addr, lostWatchdogMs);
+                        try {
+                            emit(lost(rl, lostWatchdogMs, trials, false));
+                            emit(lost(rl, lostWatchdogMs, trials, true));
+                        } finally {
+                            rl.shutdown();
+                        }
+                    }
+                    default -> System.err.println("redisson-bench: unknown command " + cmd);
+                }
+                System.out.println("end");
+                System.out.flush();
             }
         } finally {
             r.shutdown();
-        }
-        if (workloads.indexOf('e') >= 0) {
-            RedissonClient rl = client(addr, lostWatchdogMs);
-            try {
-                emit(lost(rl, lostWatchdogMs, trials, false));
-                emit(lost(rl, lostWatchdogMs, trials, true));
-            } finally {
-                rl.shutdown();
-            }
         }
     }
 
