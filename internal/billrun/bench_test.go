@@ -125,18 +125,21 @@ func (e *benchEnv) runner(workers, batch int, reg *prometheus.Registry) time.Dur
 
 func rate(n int64, d time.Duration) float64 { return float64(n) / d.Seconds() }
 
-// BenchmarkBillRunVsSingleStatement invoices the same data both ways in
-// each iteration: the single INSERT ... SELECT floor, then the runner (4
-// workers, batches of 1000), and reports both rates and their ratio, plus
-// where the runner's time goes (summed over workers, per batch).
+// BenchmarkBillRunVsSingleStatement invoices the same data three ways in
+// each iteration, in turn, so all three see the same machine: the single
+// INSERT ... SELECT floor (one backend), the runner with 4 workers (the
+// default) and the runner with 1 worker (one backend, like the floor). It
+// reports the rates, the ratios to the floor, and where the 4-worker run's
+// time goes per batch (summed over workers).
 func BenchmarkBillRunVsSingleStatement(b *testing.B) {
 	e := newBenchEnv(b)
-	var floor, ours time.Duration
+	var floor, ours4, ours1 time.Duration
 	phases := map[string]float64{}
 	for b.Loop() {
 		floor += e.singleStatement()
 		reg := prometheus.NewRegistry()
-		ours += e.runner(4, 1000, reg)
+		ours4 += e.runner(4, 1000, reg)
+		ours1 += e.runner(1, 1000, nil)
 		mfs, err := reg.Gather()
 		require.NoError(b, err)
 		for _, mf := range mfs {
@@ -149,10 +152,13 @@ func BenchmarkBillRunVsSingleStatement(b *testing.B) {
 		}
 	}
 	iters := float64(b.N)
+	n := time.Duration(b.N)
 	b.ReportMetric(float64(e.active), "subscribers")
-	b.ReportMetric(rate(e.active, floor/time.Duration(b.N)), "floor_rows/s")
-	b.ReportMetric(rate(e.active, ours/time.Duration(b.N)), "runner_rows/s")
-	b.ReportMetric(floor.Seconds()/ours.Seconds(), "runner/floor")
+	b.ReportMetric(rate(e.active, floor/n), "floor_rows/s")
+	b.ReportMetric(rate(e.active, ours4/n), "w4_rows/s")
+	b.ReportMetric(rate(e.active, ours1/n), "w1_rows/s")
+	b.ReportMetric(floor.Seconds()/ours4.Seconds(), "w4/floor")
+	b.ReportMetric(floor.Seconds()/ours1.Seconds(), "w1/floor")
 	batches := float64((e.active + 999) / 1000)
 	for _, p := range []string{billrun.PhaseBegin, billrun.PhaseFenceCheck, billrun.PhaseInsert, billrun.PhaseRecord, billrun.PhaseCommit} {
 		b.ReportMetric(phases[p]/iters/batches*1e6, p+"_us/batch")

@@ -345,12 +345,17 @@ func (c *Claimed) Execute(ctx context.Context) job.Result {
 		cancel(err)
 	}
 
-	var wg sync.WaitGroup
+	var (
+		wg      sync.WaitGroup
+		planned atomic.Bool // the planner walked every ACTIVE id
+	)
 	if runCtx.Err() == nil {
 		batches := make(chan batchRange, r.cfg.Workers)
 		wg.Go(func() {
 			defer close(batches)
-			if err := c.plan(runCtx, ranges, batches, st); err != nil && runCtx.Err() == nil {
+			err := c.plan(runCtx, ranges, batches, st)
+			planned.Store(err == nil)
+			if err != nil && runCtx.Err() == nil {
 				cancel(fmt.Errorf("billrun: plan batches: %w", err))
 			}
 		})
@@ -372,6 +377,10 @@ func (c *Claimed) Execute(ctx context.Context) job.Result {
 		CountBatchesRetried:   st.retried,
 		CountUniqueViolations: st.uniqueViolations,
 	}
+	// Every planned batch committed under our fence: the work is done, even
+	// if the lease ended or shutdown began after the last commit (Postgres,
+	// not the lease, proved each commit; the final update is fenced too).
+	allDone := planned.Load() && st.committed == st.planned
 	sample := append([]int64(nil), st.sample...)
 	phases := make([]any, 0, 2*len(st.phase))
 	for k, v := range st.phase {
@@ -386,8 +395,10 @@ func (c *Claimed) Execute(ctx context.Context) job.Result {
 		reason  string
 	)
 	switch {
-	case cause == nil:
+	case allDone:
 		outcome = job.OutcomeCompleted
+	case cause == nil: // unreachable: workers stop early only after a cancel
+		outcome, res.Error = job.OutcomeFailed, "billrun: batches left undone"
 	case errors.Is(c.lease.Err(), ownership.ErrLeaseLost):
 		outcome, reason = job.OutcomeLost, ReasonLeaseLost
 	case errors.Is(cause, errFenceLost):
