@@ -19,6 +19,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -58,6 +59,7 @@ type options struct {
 	load         string
 	cpuProfile   string
 	rounds       int
+	render       string
 }
 
 func run(args []string) error {
@@ -79,6 +81,7 @@ func run(args []string) error {
 	fs.StringVar(&o.command, "command", "", "the command line to record in the report")
 	fs.StringVar(&o.load, "load-note", "", "a note on machine load to record in the report")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (workloads a, b, c, e) to this file")
+	fs.StringVar(&o.render, "render", "", "re-render peers.md and handoff.svg from this peers.json, then exit")
 	fs.StringVar(&o.childHold, "child-hold", "", "internal: run as the workload-d child for this library")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -91,6 +94,18 @@ func run(args []string) error {
 			return err
 		}
 		return runHoldChild(spec, cfg, o.locks)
+	}
+
+	if o.render != "" {
+		b, err := os.ReadFile(o.render)
+		if err != nil {
+			return err
+		}
+		var rep report
+		if err := json.Unmarshal(b, &rep); err != nil {
+			return fmt.Errorf("%s: %w", o.render, err)
+		}
+		return rep.write(o.out)
 	}
 
 	if o.cpuProfile != "" {

@@ -129,6 +129,13 @@ func us(v float64) string {
 	}
 }
 
+func spread(r Result) string {
+	if r.Rounds < 2 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f-%.0f", r.OpsPerSMin, r.OpsPerSMax)
+}
+
 func errCell(r Result) string {
 	if r.Error == "" {
 		return ""
@@ -177,23 +184,24 @@ func (rep *report) markdown() string {
 
 	floor := rep.find("raw floor", wUncontended)
 	w("## (a) Uncontended acquire+release, 1 worker\n\n")
-	w("| library | pairs/s | x raw floor | p50 | p99 | failures |\n|---|---:|---:|---:|---:|---:|\n")
+	w("Each row of (a), (b) and (c) is the library's median round by throughput; the range is the slowest and fastest round.\n\n")
+	w("| library | pairs/s | range over rounds | x raw floor | p50 | p99 | failures |\n|---|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rep.rows(wUncontended) {
 		ratio := "-"
 		if floor != nil && floor.OpsPerS > 0 {
 			ratio = fmt.Sprintf("%.2f", r.OpsPerS/floor.OpsPerS)
 		}
-		w("| %s%s | %s | %s | %s | %s | %d |\n", r.Library, errCell(r), f0(r.OpsPerS), ratio, us(r.P50us), us(r.P99us), r.Failures)
+		w("| %s%s | %s | %s | %s | %s | %s | %d |\n", r.Library, errCell(r), f0(r.OpsPerS), spread(r), ratio, us(r.P50us), us(r.P99us), r.Failures)
 	}
 	floorB := rep.find("raw floor", wDistinct)
 	w("\n## (b) 16 workers on distinct keys\n\n")
-	w("| library | pairs/s | x raw floor | failures |\n|---|---:|---:|---:|\n")
+	w("| library | pairs/s | range over rounds | x raw floor | failures |\n|---|---:|---:|---:|---:|\n")
 	for _, r := range rep.rows(wDistinct) {
 		ratio := "-"
 		if floorB != nil && floorB.OpsPerS > 0 {
 			ratio = fmt.Sprintf("%.2f", r.OpsPerS/floorB.OpsPerS)
 		}
-		w("| %s%s | %s | %s | %d |\n", r.Library, errCell(r), f0(r.OpsPerS), ratio, r.Failures)
+		w("| %s%s | %s | %s | %s | %d |\n", r.Library, errCell(r), f0(r.OpsPerS), spread(r), ratio, r.Failures)
 	}
 	for _, wl := range []string{wContended4, wContended32} {
 		n := 4
@@ -201,7 +209,7 @@ func (rep *report) markdown() string {
 			n = 32
 		}
 		w("\n## (c) %d workers on one key, each holding %s\n\n", n, m.Params["hold_work"])
-		w("| library | acquisitions/s | handoff p50 | handoff p99 | fairness max/min per worker | same worker again | failed acquires | overlaps |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+		w("| library | acquisitions/s | range over rounds | handoff p50 | handoff p99 | fairness max/min per worker | same worker again | failed acquires | overlaps |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, r := range rep.rows(wl) {
 			fair := fmt.Sprintf("%d/%d", r.MaxPerWorker, r.MinPerWorker)
 			if r.MinPerWorker > 0 {
@@ -209,7 +217,7 @@ func (rep *report) markdown() string {
 			} else {
 				fair += " (starved)"
 			}
-			w("| %s%s | %s | %s | %s | %s | %.0f%% | %d | %d |\n", r.Library, errCell(r), f0(r.OpsPerS), us(r.HandoffP50us), us(r.HandoffP99us), fair, 100*r.SelfReacquire, r.Failures, r.Overlaps)
+			w("| %s%s | %s | %s | %s | %s | %s | %.0f%% | %d | %d |\n", r.Library, errCell(r), f0(r.OpsPerS), spread(r), us(r.HandoffP50us), us(r.HandoffP99us), fair, 100*r.SelfReacquire, r.Failures, r.Overlaps)
 		}
 	}
 	w("\nHandoff is measured from a holder starting its release to the acquire of another (waiting) worker returning. ")
