@@ -46,9 +46,17 @@ func runHoldChild(spec libSpec, cfg libConfig, n int) error {
 	start := time.Now()
 	hs := make([]held, 0, n)
 	for i := range n {
-		h, err := l.hold(ctx, fmt.Sprintf("d-hold-%d", i))
-		if err != nil {
-			return fmt.Errorf("hold %d: %w", i, err)
+		var h held
+		for attempt := 1; ; attempt++ {
+			h, err = l.hold(ctx, fmt.Sprintf("d-hold-%d", i))
+			if err == nil {
+				break
+			}
+			// A timeout on a loaded machine: try again, as the Java child
+			// does, up to 3 times.
+			if attempt == 3 {
+				return fmt.Errorf("hold %d: %w", i, err)
+			}
 		}
 		hs = append(hs, h)
 	}
