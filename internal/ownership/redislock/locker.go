@@ -94,7 +94,6 @@ type Locker struct {
 	pubsub    *redis.PubSub
 	runCtx    context.Context // cancelled by Close
 	cancelRun context.CancelFunc
-	kick      chan struct{}
 	stop      chan struct{}
 	closeOnce sync.Once
 	wg        sync.WaitGroup
@@ -128,7 +127,6 @@ func New(client redis.UniversalClient, cfg Config) (*Locker, error) {
 		tokenBase: cfg.Owner + ":" + hex.EncodeToString(rnd[:]) + ":",
 		live:      map[*ownership.Term]*termState{},
 		queues:    map[string]*queue{},
-		kick:      make(chan struct{}, 1),
 		stop:      make(chan struct{}),
 	}
 	l.runCtx, l.cancelRun = context.WithCancel(context.Background())
@@ -372,16 +370,9 @@ func (l *Locker) ended(t *ownership.Term, err error) {
 			l.watchdogs--
 		}
 	}
-	idle := l.watchdogs == 0
 	l.mu.Unlock()
 	if st != nil {
 		st.timer.Stop()
-	}
-	if ok && t.Watchdog() && idle {
-		select {
-		case l.kick <- struct{}{}:
-		default:
-		}
 	}
 	l.m.Ended(time.Since(t.Acquired()), errors.Is(err, ownership.ErrLeaseLost))
 }

@@ -18,7 +18,8 @@ const renewBatch = 512
 
 // renewLoop is the one watchdog goroutine of a Locker: every third of the
 // watchdog timeout it renews all watchdog leases in pipelined batches. It
-// runs only while watchdog leases are held.
+// runs while watchdog leases are held, and stops after a tick with none (or
+// at Close).
 func (l *Locker) renewLoop() {
 	defer l.wg.Done()
 	every := l.cfg.WatchdogTimeout / 3
@@ -28,10 +29,11 @@ func (l *Locker) renewLoop() {
 		select {
 		case <-l.stop:
 			return
-		case <-l.kick:
 		case <-tick.C:
 			l.renewRound(every)
 		}
+		// Idle for a whole interval: stop (a new watchdog lease restarts
+		// it). Not at once, so acquire/release pairs do not churn goroutines.
 		l.mu.Lock()
 		if l.watchdogs == 0 || l.closed {
 			l.looping = false

@@ -8,6 +8,8 @@ import "github.com/redis/go-redis/v9"
 //	replica the replica id, shown to contenders and in `coordinator locks`
 //	holds   the hold count (reentrant acquisitions)
 //	fence   the fencing token of this acquisition
+//	waiting set by a contender that found the lock held: only then does the
+//	        release PUBLISH (uncontended locks cost no pub/sub traffic)
 //
 // and a PTTL. The fence counter <prefix>:{<key>}:fence never expires: it is
 // one integer per key ever locked, and "strictly increasing per key" must
@@ -16,7 +18,8 @@ import "github.com/redis/go-redis/v9"
 
 // acquireScript: KEYS lock, fence; ARGV token, replica, ttl ms.
 // Returns {1, fence} when acquired (also when this very token already holds
-// it: a retried request is idempotent), else {0, pttl, replica}.
+// it: a retried request is idempotent), else marks the lock as waited for
+// and returns {0, pttl, replica}.
 var acquireScript = redis.NewScript(`
 local cur = redis.call('hmget', KEYS[1], 'owner', 'fence')
 if cur[1] == false then
@@ -28,6 +31,7 @@ end
 if cur[1] == ARGV[1] then
   return {1, tonumber(cur[2])}
 end
+redis.call('hset', KEYS[1], 'waiting', 1)
 return {0, redis.call('pttl', KEYS[1]), redis.call('hget', KEYS[1], 'replica') or ''}
 `)
 
@@ -43,9 +47,10 @@ return {0, cur[3] or ''}
 
 // releaseScript: KEYS lock, channel; ARGV token, fence. Gives up one hold:
 // returns the holds left (0: deleted and a release message published), or
-// -1 when the term no longer holds the lock (nothing is touched).
+// -1 when the term no longer holds the lock (nothing is touched). The
+// message is published only if a contender has marked the lock.
 var releaseScript = redis.NewScript(`
-local cur = redis.call('hmget', KEYS[1], 'owner', 'fence')
+local cur = redis.call('hmget', KEYS[1], 'owner', 'fence', 'waiting')
 if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] then
   return -1
 end
@@ -54,7 +59,9 @@ if holds > 0 then
   return holds
 end
 redis.call('del', KEYS[1])
-redis.call('publish', KEYS[2], ARGV[2])
+if cur[3] then
+  redis.call('publish', KEYS[2], ARGV[2])
+end
 return 0
 `)
 

@@ -1,0 +1,268 @@
+package redislock
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/telco-platform/coordinator/internal/ownership"
+	"github.com/telco-platform/coordinator/internal/testenv"
+)
+
+// Benchmarks against the real Redis of COORDINATOR_TEST_REDIS_URL. Figures
+// and commands: bench/notes/ownership.md.
+
+func benchLocker(b *testing.B, env *testenv.RedisEnv, owner string, ttl time.Duration) (*Locker, redis.UniversalClient) {
+	b.Helper()
+	client, err := NewClient(env.URL, ModeSingle)
+	if err != nil {
+		b.Fatal(err)
+	}
+	l, err := New(client, Config{Prefix: env.Prefix, Owner: owner, WaitTime: 30 * time.Second, WatchdogTimeout: ttl})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = l.Close(); _ = client.Close() })
+	return l, client
+}
+
+// BenchmarkAcquireRelease: uncontended acquire+release pairs, each
+// goroutine on its own key, for the watchdog and the explicit lease,
+// against the raw floor in the same run: go-redis SET NX PX, then a Lua
+// compare-and-delete (EVALSHA), on the same Redis with the same client
+// options. The two alternate in slices of 100 pairs per goroutine, so load
+// from elsewhere on the machine hits both alike. Reports pairs/s of each
+// and their ratio (ours/floor; the target is 0.9 or more).
+func BenchmarkAcquireRelease(b *testing.B) {
+	del := redis.NewScript(`if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0`)
+	for _, lease := range []time.Duration{0, 30 * time.Second} {
+		for _, g := range []int{1, 16} {
+			name := fmt.Sprintf("lease=%s/goroutines=%d", map[bool]string{true: "watchdog", false: "explicit"}[lease == 0], g)
+			b.Run(name, func(b *testing.B) {
+				env := testenv.Redis(b)
+				l, _ := benchLocker(b, env, "bench", 30*time.Second)
+				raw, err := NewClient(env.URL, ModeSingle)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer raw.Close()
+				ctx := context.Background()
+				var seq atomic.Int64
+				ours := func(key string) error {
+					le, err := l.Acquire(ctx, key, lease)
+					if err != nil {
+						return err
+					}
+					return le.Release(ctx)
+				}
+				floor := func(key string) error {
+					k := env.Prefix + ":raw:" + key
+					tok := strconv.FormatInt(seq.Add(1), 10)
+					ok, err := raw.SetNX(ctx, k, tok, 30*time.Second).Result()
+					if err != nil || !ok {
+						return fmt.Errorf("setnx %v %v", ok, err)
+					}
+					return del.Run(ctx, raw, []string{k}, tok).Err()
+				}
+				// Warm both (connections, script cache).
+				for w := range g {
+					_ = ours("warm-" + strconv.Itoa(w))
+					_ = floor("warm-" + strconv.Itoa(w))
+				}
+				b.ResetTimer()
+				var tOurs, tFloor time.Duration
+				const slice = 100
+				for done := 0; done < b.N; done += slice * g {
+					n := min(slice, (b.N-done+g-1)/g)
+					tOurs += runPairs(b, g, n, ours)
+					tFloor += runPairs(b, g, n, floor)
+				}
+				b.StopTimer()
+				pOurs := float64(b.N) / tOurs.Seconds()
+				pFloor := float64(b.N) / tFloor.Seconds()
+				b.ReportMetric(pOurs, "pairs/s")
+				b.ReportMetric(pFloor, "floor-pairs/s")
+				b.ReportMetric(pOurs/pFloor, "ratio")
+			})
+		}
+	}
+}
+
+// runPairs runs n pairs on each of g goroutines (a key each) and returns the wall time.
+func runPairs(b *testing.B, g, n int, pair func(key string) error) time.Duration {
+	b.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, g)
+	start := time.Now()
+	for w := range g {
+		wg.Go(func() {
+			key := "pair-" + strconv.Itoa(w)
+			for range n {
+				if err := pair(key); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	el := time.Since(start)
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+	return el
+}
+
+// BenchmarkContendedHandoff: 4 workers on one key, each holding it 1ms per
+// turn. Reports the wait to acquire (p50/p99/max), the handoff latency (the
+// holder's Release call to the next holder's Acquire return, p50/p99), and
+// the smallest and largest share of turns any worker got (fairness; 0.25
+// each is perfect). lockers=1: the 4 workers share one Locker (one
+// process); lockers=4: one Locker each (four processes on one Redis).
+func BenchmarkContendedHandoff(b *testing.B) {
+	for _, lockers := range []int{1, 4} {
+		b.Run(fmt.Sprintf("lockers=%d", lockers), func(b *testing.B) {
+			const workers = 4
+			const hold = time.Millisecond
+			env := testenv.Redis(b)
+			ls := make([]*Locker, lockers)
+			for i := range ls {
+				ls[i], _ = benchLocker(b, env, "w"+strconv.Itoa(i), 30*time.Second)
+			}
+			ctx := context.Background()
+			var released atomic.Int64 // unix nanos when the last Release started
+			var mu sync.Mutex
+			var waits, handoffs []time.Duration
+			turns := make([]int, workers)
+			var next atomic.Int64
+			var wg sync.WaitGroup
+			errs := make(chan error, workers)
+			b.ResetTimer()
+			for w := range workers {
+				l := ls[w%lockers]
+				wg.Go(func() {
+					for next.Add(1) <= int64(b.N) {
+						start := time.Now()
+						le, err := l.Acquire(ctx, "hot", 0)
+						got := time.Now()
+						if err != nil {
+							errs <- err
+							return
+						}
+						rel := released.Load()
+						mu.Lock()
+						waits = append(waits, got.Sub(start))
+						if rel > 0 {
+							handoffs = append(handoffs, got.Sub(time.Unix(0, rel)))
+						}
+						turns[w]++
+						mu.Unlock()
+						for t0 := time.Now(); time.Since(t0) < hold; {
+							runtime.Gosched() // hold the lock 1ms, keeping the CPU for others
+						}
+						released.Store(time.Now().UnixNano())
+						if err := le.Release(ctx); err != nil {
+							errs <- err
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			b.StopTimer()
+			close(errs)
+			for err := range errs {
+				b.Fatal(err)
+			}
+			slices.Sort(waits)
+			slices.Sort(handoffs)
+			b.ReportMetric(us(pct(waits, 50)), "wait-p50-us")
+			b.ReportMetric(us(pct(waits, 99)), "wait-p99-us")
+			b.ReportMetric(us(pct(waits, 100)), "wait-max-us")
+			b.ReportMetric(us(pct(handoffs, 50)), "handoff-p50-us")
+			b.ReportMetric(us(pct(handoffs, 99)), "handoff-p99-us")
+			lo, hi := slices.Min(turns), slices.Max(turns)
+			b.ReportMetric(float64(lo)/float64(b.N), "min-share")
+			b.ReportMetric(float64(hi)/float64(b.N), "max-share")
+		})
+	}
+}
+
+func pct(s []time.Duration, p int) time.Duration {
+	if len(s) == 0 {
+		return 0
+	}
+	i := (len(s)*p + 99) / 100
+	return s[min(max(i-1, 0), len(s)-1)]
+}
+
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+// BenchmarkWatchdog10k: 10,000 watchdog leases held at once by one Locker.
+// Each op is one renewal round of all of them; reports the process CPU per
+// round and the goroutines the Locker runs (one renewal loop, not one per
+// lease).
+func BenchmarkWatchdog10k(b *testing.B) {
+	const leases = 10000
+	env := testenv.Redis(b)
+	before := runtime.NumGoroutine()
+	l, _ := benchLocker(b, env, "many", time.Minute) // rounds driven by the benchmark, not the ticker
+	ctx := context.Background()
+	held := make([]ownership.Lease, 0, leases)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var next atomic.Int64
+	for range 16 {
+		wg.Go(func() {
+			for i := next.Add(1); i <= leases; i = next.Add(1) {
+				le, err := l.Acquire(ctx, "lease-"+strconv.FormatInt(i, 10), 0)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				mu.Lock()
+				held = append(held, le)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if len(held) != leases {
+		b.Fatalf("held %d leases", len(held))
+	}
+	goroutines := runtime.NumGoroutine() - before
+	cpu0 := cpuTime()
+	b.ResetTimer()
+	for range b.N {
+		l.renewRound(time.Minute)
+	}
+	b.StopTimer()
+	cpu := cpuTime() - cpu0
+	for _, le := range held {
+		if le.Err() != nil {
+			b.Fatalf("lease lost: %v", le.Err())
+		}
+	}
+	b.ReportMetric(float64(cpu)/float64(time.Millisecond)/float64(b.N), "cpu-ms/round")
+	b.ReportMetric(float64(goroutines), "goroutines")
+	b.ReportMetric(float64(leases), "leases")
+	for _, le := range held {
+		_ = le.Release(ctx)
+	}
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
