@@ -1,0 +1,132 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/telco-platform/coordinator/internal/events"
+	"github.com/telco-platform/coordinator/internal/eventsink"
+	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/testenv"
+	"github.com/telco-platform/coordinator/internal/topics"
+)
+
+// syncBuffer is a bytes.Buffer safe for a command writing while the test reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func kafkaCLI(t *testing.T) (map[string]string, topics.Names) {
+	t.Helper()
+	k := testenv.Kafka(t)
+	env := map[string]string{"COORDINATOR_KAFKA_BROKERS": strings.Join(k.Brokers, ","), "COORDINATOR_KAFKA_TOPIC_PREFIX": k.Suffix}
+	names := topics.New(k.Suffix)
+	t.Cleanup(func() {
+		adm, err := topics.Dial(k.Brokers)
+		if err != nil {
+			return
+		}
+		defer adm.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, _ = adm.DeleteTopics(ctx, names.All()...)
+	})
+	return env, names
+}
+
+func TestTriggerBadPeriodExits64(t *testing.T) {
+	t.Parallel()
+	var out, errb syncBuffer
+	code := dispatch(context.Background(), cliIO{stdout: &out, stderr: &errb, getenv: func(string) string { return "" }},
+		[]string{"trigger", "billrun", "--period", "2026-13"})
+	require.Equal(t, job.ExitUsage, code)
+	require.Contains(t, errb.String(), `period "2026-13"`)
+	code = dispatch(context.Background(), cliIO{stdout: &out, stderr: &errb, getenv: func(string) string { return "" }},
+		[]string{"trigger", "billrun"})
+	require.Equal(t, job.ExitUsage, code)
+	require.Contains(t, errb.String(), "--period is required")
+	require.Empty(t, out.String())
+}
+
+func TestTriggerProducesAndWatchPrintsEvents(t *testing.T) {
+	t.Parallel()
+	env, names := kafkaCLI(t)
+	cio := func(out, errb *syncBuffer) cliIO {
+		return cliIO{stdout: out, stderr: errb, getenv: func(k string) string { return env[k] }}
+	}
+
+	var out, errb syncBuffer
+	code := dispatch(context.Background(), cio(&out, &errb), []string{"trigger", "billrun", "--period", "2026-11", "--request-id", "cli-1"})
+	require.Equal(t, 0, code, errb.String())
+	var p produced
+	require.NoError(t, json.Unmarshal([]byte(out.String()), &p))
+	require.Equal(t, names.BillrunRequested, p.Topic)
+	require.Equal(t, "2026-11", p.Key)
+	require.JSONEq(t, `{"period":"2026-11","request_id":"cli-1","requested_by":"cli:unknown"}`, string(p.Value))
+
+	// An event on the events topic, as a replica would publish it.
+	sink, err := eventsink.New(eventsink.Config{Brokers: strings.Split(env["COORDINATOR_KAFKA_BROKERS"], ","), Topic: names.Events})
+	require.NoError(t, err)
+	require.NoError(t, sink.Start(context.Background()))
+	sink.Emit(context.Background(), events.Event{Type: events.OwnershipAlreadyOwned, Key: "billrun:2026-11", Job: "billrun",
+		Replica: "r2", Owner: "r1", Trigger: "kafka", RequestID: "cli-1", Extra: map[string]any{"reason": "already_owned"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	require.NoError(t, sink.Flush(ctx))
+	cancel()
+	sink.Stop()
+
+	for _, asJSON := range []bool{false, true} {
+		var wout, werr syncBuffer
+		args := []string{"watch", "--from-beginning"}
+		if asJSON {
+			args = append(args, "--json")
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan int, 1)
+		go func() { done <- dispatch(ctx, cio(&wout, &werr), args) }()
+		deadline := time.Now().Add(30 * time.Second)
+		for !strings.Contains(wout.String(), "\n") {
+			require.True(t, time.Now().Before(deadline), "watch printed nothing: %s", werr.String())
+			<-time.After(20 * time.Millisecond)
+		}
+		cancel() // SIGINT
+		select {
+		case code := <-done:
+			require.Equal(t, 0, code)
+		case <-time.After(10 * time.Second):
+			t.Fatal("watch did not stop on cancel")
+		}
+		line := strings.TrimSpace(wout.String())
+		if asJSON {
+			var ce events.CloudEvent
+			require.NoError(t, json.Unmarshal([]byte(line), &ce))
+			require.Equal(t, events.OwnershipAlreadyOwned, ce.Type)
+			continue
+		}
+		require.Contains(t, line, "ownership.already_owned")
+		require.Contains(t, line, "billrun:2026-11")
+		require.Contains(t, line, "replica=r2")
+		require.Contains(t, line, "owner=r1")
+		require.Contains(t, line, "reason=already_owned")
+	}
+}
