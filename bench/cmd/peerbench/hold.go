@@ -28,6 +28,9 @@ import (
 //	parent -> "report"
 //	child -> {"goroutines":G,"lost":L}   then releases everything and exits
 
+// holdSettle is the pause between "ready" and the measured window.
+const holdSettle = 5 * time.Second
+
 // holdChildReport is the child's last line.
 type holdChildReport struct {
 	Goroutines int `json:"goroutines"`
@@ -232,6 +235,8 @@ func measureHold(name string, cmd *exec.Cmd, admin *redis.Client, n int, d time.
 
 	ctx := context.Background()
 	pid := cmd.Process.Pid
+	// Let the acquisition burst settle (JIT, GC, pools) before the window.
+	time.Sleep(holdSettle)
 	cpu0, err1 := procCPU(pid)
 	cmds0, err2 := redisTotalCommands(ctx, admin)
 	scripts0, err3 := redisScriptCalls(ctx, admin)
