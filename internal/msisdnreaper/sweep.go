@@ -217,8 +217,10 @@ func (s *Sweeper) Sweep(ctx context.Context, t job.Trigger) job.Result {
 		s.cfg.Metrics.sweep(string(o))
 		return res
 	}
+	// Events still go out when ctx is cancelled (ownership.lost on shutdown).
+	evCtx := context.WithoutCancel(ctx)
 	ev := func(typ events.Type, extra map[string]any) {
-		s.emit.Emit(ctx, events.Event{Type: typ, Key: SweepKey, Job: JobName, Replica: s.cfg.ReplicaID,
+		s.emit.Emit(evCtx, events.Event{Type: typ, Key: SweepKey, Job: JobName, Replica: s.cfg.ReplicaID,
 			Trigger: string(t.Source), RequestID: t.RequestID, Fence: res.Fence, Owner: res.Owner, Extra: extra})
 	}
 	if s.cfgErr != nil {
