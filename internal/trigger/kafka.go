@@ -46,8 +46,8 @@ type KafkaConfig struct {
 	// DrainTimeout bounds how long Stop waits for records in flight before
 	// cancelling them. Default 25s.
 	DrainTimeout time.Duration
-	// FetchMaxWait is the broker's long-poll bound. Default 200ms (low, so a
-	// resumed partition is fetched again quickly).
+	// FetchMaxWait is the broker's long-poll bound. Default 100ms (low, so a
+	// partition resumed after a busy spell is fetched again quickly).
 	FetchMaxWait time.Duration
 	// ClientOpts are extra franz-go options (TLS, SASL, tests).
 	ClientOpts []kgo.Opt
@@ -77,7 +77,7 @@ func (c KafkaConfig) withDefaults() KafkaConfig {
 		c.DrainTimeout = 25 * time.Second
 	}
 	if c.FetchMaxWait <= 0 {
-		c.FetchMaxWait = 200 * time.Millisecond
+		c.FetchMaxWait = 100 * time.Millisecond
 	}
 	return c
 }
@@ -97,7 +97,8 @@ func (c KafkaConfig) validate() error {
 //
 // Per partition, one worker goroutine handles records strictly in order.
 // The poll loop never waits for a worker: it queues a fetch for the worker
-// and pauses the partition until the worker drained it, so heartbeats,
+// and, while the worker is busy, pauses the partition until the worker
+// drained its queue, so heartbeats,
 // rebalances and the other partitions keep going while a long bill run
 // executes. An offset is committed (synchronously) only after its record is
 // handled: done, already owned, already completed, or rejected to the DLQ.
@@ -350,6 +351,8 @@ type partWorker struct {
 	hw        int64 // high watermark of the last fetch
 	handled   int64 // offset of the last handled record, -1 before any
 	revoked   bool
+	busy      bool // a record is in flight
+	paused    bool // the partition's fetching is paused
 	noCommit  bool
 	wake      chan struct{}
 	quit      chan struct{}
@@ -361,17 +364,24 @@ func newPartWorker(c *KafkaConsumer, k tp) *partWorker {
 	return &partWorker{c: c, tp: k, handled: -1, wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
 }
 
-// enqueue queues a fetch and pauses the partition until the worker has
-// drained its queue, so the poll loop never blocks on a busy worker.
+// enqueue queues a fetch for the worker. When the worker is busy (a record
+// in flight or a queue to work off) the partition is paused until the worker
+// drained its queue, so the poll loop never blocks on a busy worker and the
+// queue stays bounded by a fetch or two. An idle worker's partition is not
+// paused: pausing makes the next fetch of the partition wait for the broker's
+// in-flight long poll, which would add up to FetchMaxWait to every trigger.
 func (w *partWorker) enqueue(recs []*kgo.Record, hw int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.revoked {
 		return
 	}
+	if (w.busy || len(w.queue) > 0) && !w.paused {
+		w.c.cl.PauseFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
+		w.paused = true
+	}
 	w.queue = append(w.queue, recs...)
 	w.hw = hw
-	w.c.cl.PauseFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
 	select {
 	case w.wake <- struct{}{}:
 	default:
@@ -391,10 +401,15 @@ func (w *partWorker) next() (*kgo.Record, bool) {
 			r := w.queue[0]
 			w.queue[0] = nil
 			w.queue = w.queue[1:]
+			w.busy = true
 			w.mu.Unlock()
 			return r, true
 		}
-		w.c.cl.ResumeFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
+		w.busy = false
+		if w.paused {
+			w.c.cl.ResumeFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
+			w.paused = false
+		}
 		w.mu.Unlock()
 		select {
 		case <-w.wake:
