@@ -149,6 +149,15 @@ func (l *Locker) fenceKey(key string) string {
 	return l.cfg.Prefix + ":{" + key + "}:fence"
 }
 func (l *Locker) channel(key string) string { return l.cfg.Prefix + ":{" + key + "}:released" }
+func (l *Locker) handoffKey(key string) string {
+	return l.cfg.Prefix + ":{" + key + "}:handoff"
+}
+
+// handoffMS is how long a released lock stays reserved for the Locker that
+// waited for it first: long enough for the release message to reach it and
+// its acquire to come back (a few round trips), short enough that a dead
+// waiter costs little.
+const handoffMS = 10
 
 // keyOf is the inverse of lockKey/channel: the key between the prefix's
 // "{" and the last "}".
@@ -206,7 +215,7 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 	ttl := cmp.Or(lease, l.cfg.WatchdogTimeout)
 	deadline := start.Add(l.cfg.WaitTime)
 	token := l.tokenBase + strconv.FormatUint(l.tokenSeq.Add(1), 36)
-	keys := []string{l.lockKey(key), l.fenceKey(key)}
+	keys := []string{l.lockKey(key), l.fenceKey(key), l.handoffKey(key)}
 	ttlMS := max(ttl.Milliseconds(), 1)
 
 	w, q := l.enqueue(key)
@@ -227,11 +236,19 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 				w.acquired(q, &l.wmu, ttl)
 				return le, nil
 			}
-			owner = res.owner
-			q.seen(&l.wmu, owner)
+			if res.owner != "" {
+				owner = res.owner
+				q.seen(&l.wmu, owner)
+			}
 			w.fallback = time.Duration(res.pttl) * time.Millisecond
-			if res.pttl < 0 { // no TTL (never set by us) or just vanished
+			switch {
+			case res.pttl < 0: // no TTL (never set by us) or just vanished
 				w.fallback = time.Millisecond
+			case res.owner == "":
+				// Reserved for another Locker's waiter, which takes it within a
+				// round trip; ask again soon, to queue behind that term (the
+				// retry marks it as waited for, so its release wakes us).
+				w.fallback = min(w.fallback, time.Millisecond)
 			}
 		}
 		remaining := time.Until(deadline)
@@ -266,7 +283,7 @@ type acquireResult struct {
 func (l *Locker) runAcquire(ctx context.Context, deadline time.Time, keys []string, token string, ttlMS int64) (acquireResult, error) {
 	callCtx, cancel := context.WithDeadline(ctx, later(deadline, time.Now().Add(DefaultDialTimeout)))
 	defer cancel()
-	vals, err := acquireScript.Run(callCtx, l.client, keys, token, l.cfg.Owner, ttlMS).Slice()
+	vals, err := acquireScript.Run(callCtx, l.client, keys, token, l.cfg.Owner, ttlMS, l.tokenBase).Slice()
 	if err != nil {
 		return acquireResult{}, err
 	}
@@ -392,7 +409,8 @@ func (l *Locker) release(ctx context.Context, t *ownership.Term) error {
 		l.roundMu.Lock()
 		l.roundMu.Unlock() //nolint:staticcheck // an empty critical section: a barrier
 	}
-	n, err := releaseScript.Run(ctx, l.client, []string{l.lockKey(t.Key()), l.channel(t.Key())}, t.Token(), t.Fence()).Int64()
+	n, err := releaseScript.Run(ctx, l.client, []string{l.lockKey(t.Key()), l.channel(t.Key()), l.handoffKey(t.Key())},
+		t.Token(), t.Fence(), l.tokenBase, handoffMS).Int64()
 	if err != nil {
 		return fmt.Errorf("%w: %w", ownership.ErrUnavailable, err)
 	}

@@ -8,30 +8,42 @@ import "github.com/redis/go-redis/v9"
 //	replica the replica id, shown to contenders and in `coordinator locks`
 //	holds   the hold count (reentrant acquisitions)
 //	fence   the fencing token of this acquisition
-//	waiting set by a contender that found the lock held: only then does the
-//	        release PUBLISH (uncontended locks cost no pub/sub traffic)
+//	waiting the Locker id of the first contender that found the lock held:
+//	        only then does the release PUBLISH (uncontended locks cost no
+//	        pub/sub traffic), and it reserves the next term for that Locker
+//
+// <prefix>:{<key>}:handoff holds such a reservation for handoffMS.
 //
 // and a PTTL. The fence counter <prefix>:{<key>}:fence never expires: it is
 // one integer per key ever locked, and "strictly increasing per key" must
 // survive any idle gap. Every script touches keys of one hash tag only, so
 // all of them run in one cluster slot (no CROSSSLOT).
 
-// acquireScript: KEYS lock, fence; ARGV token, replica, ttl ms.
-// Returns {1, fence} when acquired (also when this very token already holds
-// it: a retried request is idempotent), else marks the lock as waited for
-// and returns {0, pttl, replica}.
+// acquireScript: KEYS lock, fence, handoff; ARGV token, replica, ttl ms,
+// locker id. Returns {1, fence} when acquired (also when this very token
+// already holds it: a retried request is idempotent). Otherwise returns
+// {0, pttl, replica}: the lock is held (the first contender of this term
+// records its Locker id in 'waiting'), or it was just released to another
+// Locker that waited for it and is reserved for it for a few ms (handoff).
 var acquireScript = redis.NewScript(`
 local cur = redis.call('hmget', KEYS[1], 'owner', 'fence')
 if cur[1] == false then
+  local reserved = redis.call('get', KEYS[3])
+  if reserved and reserved ~= ARGV[4] then
+    return {0, redis.call('pttl', KEYS[3]), ''}
+  end
   local fence = redis.call('incr', KEYS[2])
   redis.call('hset', KEYS[1], 'owner', ARGV[1], 'replica', ARGV[2], 'holds', 1, 'fence', fence)
   redis.call('pexpire', KEYS[1], ARGV[3])
+  if reserved then
+    redis.call('del', KEYS[3])
+  end
   return {1, fence}
 end
 if cur[1] == ARGV[1] then
   return {1, tonumber(cur[2])}
 end
-redis.call('hset', KEYS[1], 'waiting', 1)
+redis.call('hsetnx', KEYS[1], 'waiting', ARGV[4])
 return {0, redis.call('pttl', KEYS[1]), redis.call('hget', KEYS[1], 'replica') or ''}
 `)
 
@@ -45,10 +57,13 @@ end
 return {0, cur[3] or ''}
 `)
 
-// releaseScript: KEYS lock, channel; ARGV token, fence. Gives up one hold:
-// returns the holds left (0: deleted and a release message published), or
-// -1 when the term no longer holds the lock (nothing is touched). The
-// message is published only if a contender has marked the lock.
+// releaseScript: KEYS lock, channel, handoff; ARGV token, fence, locker
+// id, handoff ms. Gives up one hold: returns the holds left (0: deleted), or
+// -1 when the term no longer holds the lock (nothing is touched). When a
+// contender waited, the last hold also publishes a release message and, if
+// the first contender was another Locker, reserves the lock for it for the
+// handoff time, so that the releasing process cannot barge back in ahead
+// of processes that waited (no cross-process starvation).
 var releaseScript = redis.NewScript(`
 local cur = redis.call('hmget', KEYS[1], 'owner', 'fence', 'waiting')
 if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] then
@@ -60,6 +75,9 @@ if holds > 0 then
 end
 redis.call('del', KEYS[1])
 if cur[3] then
+  if cur[3] ~= ARGV[3] then
+    redis.call('set', KEYS[3], cur[3], 'px', ARGV[4])
+  end
   redis.call('publish', KEYS[2], ARGV[2])
 end
 return 0
