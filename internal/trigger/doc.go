@@ -1,4 +1,61 @@
 // Package trigger turns Kafka records, cron ticks, HTTP calls and CLI runs
 // into owned job runs through one dispatcher. It knows nothing of SQL: jobs
 // (billrun, msisdnreaper) own their storage and their locks.
+//
+//	Kafka record --decode--> KafkaConsumer --Handler--> Dispatcher --> billrun.Runner / msisdnreaper.Sweeper
+//	cron tick  -----------------------------------------^      ^
+//	HTTP call (httpapi) ----------------------------------------'
+//
+// # Kafka triggers
+//
+// KafkaConsumer reads billing.billrun.requested and
+// subscription.msisdn-reaper.requested in the consumer group (default
+// "coordinator") with auto-commit off. Each partition has one worker that
+// handles its records in order; an offset is committed only after its
+// record is handled. Handled means the job outcome says so
+// (job.Outcome.Handled: completed, already_completed, already_owned, failed)
+// or the record was rejected to the DLQ.
+//
+// Decoding (DecodeBillRun, DecodeReaper) rejects, with a reason: values over
+// MaxRecordBytes (too_large), anything that is not one JSON object
+// (malformed_json), a missing or invalid period (missing_period,
+// bad_period), a record key naming another period than the value
+// (key_mismatch), and request ids or requesters that would not print cleanly.
+// A missing request_id is derived from the record: kafka-TOPIC-PARTITION-OFFSET,
+// the same on every redelivery.
+//
+// # What happens on failure
+//
+//   - Bad input: the record is copied to coordinator.triggers.dlq (original
+//     key, value and headers, plus reason, reason-detail, source-topic,
+//     source-partition, source-offset), a trigger.rejected event is emitted,
+//     the offset is committed and the next record is processed. If the DLQ
+//     cannot be written, the record is retried like an unavailable one.
+//   - Lock backend unavailable (or ownership lost mid-run): the job emits
+//     ownership.unavailable (ownership.lost); the offset is not committed; the
+//     worker retries the same record with exponential backoff
+//     (RetryBackoffMin..RetryBackoffMax) while records behind it wait.
+//   - The replica dies: nothing past the last handled record was committed,
+//     so the group redelivers; the job's lock and its Postgres fence decide
+//     whether the redelivery resumes, finds the run owned, or finds it done.
+//   - A partition is revoked or lost: its worker takes no new record and
+//     drops its queue. The record in flight is not cancelled (the lock, not
+//     the partition, decides who works); the revoke waits up to RevokeWait
+//     for it and commits it if it ends in time. Otherwise it keeps running
+//     under its lock, is never committed by this replica, and the new
+//     partition owner sees it again and answers already_owned or
+//     already_completed.
+//   - Shutdown: KafkaConsumer.Stop stops fetching, waits up to DrainTimeout
+//     for records in flight, then cancels them (a bill run then ends
+//     INTERRUPTED/lost and is not committed), and leaves the group.
+//     Dispatcher.Shutdown refuses new work (ErrShuttingDown, outcome
+//     unavailable: not committed, HTTP 503), waits for runs in flight within
+//     its ctx, then cancels them and waits for them to release. Run both at
+//     once, with the same bound.
+//
+// The poll loop never waits for a worker: while a worker is busy its
+// partition is paused, so heartbeats and the other partitions go on during a
+// long bill run. An idle partition is not paused, which keeps the path from
+// a produced trigger to its ownership.acquired event short (see
+// bench/notes/trigger.md).
 package trigger
