@@ -134,8 +134,8 @@ func procStatus(pid int) (rss int64, threads int, err error) {
 	return rss, threads, nil
 }
 
-// redisScriptCalls returns EVAL + EVALSHA calls from INFO commandstats: the
-// script round trips (every library here renews with a script).
+// redisScriptCalls returns EVAL + EVALSHA calls from INFO commandstats
+// (every library here renews with a script; pipelined calls each count).
 func redisScriptCalls(ctx context.Context, c *redis.Client) (int64, error) {
 	info, err := c.Info(ctx, "commandstats").Result()
 	if err != nil {

@@ -234,7 +234,7 @@ func (rep *report) markdown() string {
 		}
 		w("| %s%s | %s | %.2f | %.0f | %.0f | %.0f | %s | %d | %.2f | %d |\n", r.Library, errCell(r), r.Descriptor, r.CPUSeconds, r.RedisCmdsPS, r.RedisScriptsPS, mib(r.RSSBytes), g, r.Threads, r.AcquireSecs, r.LostDuring)
 	}
-	w("\nCPU is the process's utime+stime over the window (/proc/PID/stat), Redis commands/s is the INFO stats total_commands_processed delta over the window (it counts the commands a Lua script runs as well as the script call), script calls/s the EVAL+EVALSHA calls (INFO commandstats), that is the renewal round trips; RSS and threads from /proc/PID/status at the end of the window. Each library runs in a fresh process; the window starts 5 s after the last lock was taken.\n")
+	w("\nCPU is the process's utime+stime over the window (/proc/PID/stat), Redis commands/s is the INFO stats total_commands_processed delta over the window (it counts the commands a Lua script runs as well as the script call), script calls/s the EVAL+EVALSHA calls (INFO commandstats; calls, not round trips, since a client may pipeline them); RSS and threads from /proc/PID/status at the end of the window. Each library runs in a fresh process; the window starts 5 s after the last lock was taken.\n")
 
 	w("\n## (e) Lost-lock detection (key deleted behind the holder's back, TTL %s, bound %s x 3)\n\n", m.Params["lost_watchdog"], m.Params["lost_watchdog"])
 	w("| library | how the holder learns | detected / trials | p50 | max |\n|---|---|---:|---:|---:|\n")

@@ -51,7 +51,7 @@ type Result struct {
 	Locks       int     `json:"locks,omitempty"`
 	CPUSeconds  float64 `json:"cpu_s,omitempty"`
 	RedisCmdsPS float64 `json:"redis_cmds_per_s,omitempty"`
-	// RedisScriptsPS counts EVAL/EVALSHA calls: the renewal round trips.
+	// RedisScriptsPS counts EVAL/EVALSHA calls (pipelined calls each count).
 	RedisScriptsPS float64 `json:"redis_scripts_per_s,omitempty"`
 	RSSBytes       int64   `json:"rss_bytes,omitempty"`
 	Goroutines     int     `json:"goroutines,omitempty"`
