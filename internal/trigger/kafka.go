@@ -276,6 +276,15 @@ func (c *KafkaConsumer) poll() {
 				c.log.Warn("trigger_fetch_error", "topic", topic, "partition", partition, "err", err)
 			}
 		})
+		if fetches.NumRecords() == 0 && len(fetches.Errors()) > 0 {
+			// Errors only (a broker down, say): do not spin on them.
+			t := time.NewTimer(c.cfg.RetryBackoffMin)
+			select {
+			case <-t.C:
+			case <-c.pollCtx.Done():
+			}
+			t.Stop()
+		}
 		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
 			if len(p.Records) == 0 {
 				return
