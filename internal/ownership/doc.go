@@ -1,0 +1,114 @@
+// Package ownership is the port of ADR-024's DistributedLock: it decides
+// which replica owns a piece of scheduled work (a bill run for a period, an
+// MSISDN reaper sweep) and tells the owner when it stops owning it.
+//
+// It imports no Redis, Kafka or Postgres package. Implementations:
+// MemoryLocker here (unit tests, COORDINATOR_LOCK_ENABLED=false) and the
+// Redis adapter in redislock. Both pass the conformance suite in
+// ownershiptest, so they behave alike.
+//
+// # Using it
+//
+//	err := ownership.WithLock(ctx, locker, "billrun:2026-11", 0, func(ctx context.Context) error {
+//		lease, _ := ownership.LeaseFromContext(ctx, "billrun:2026-11")
+//		for batch := range batches {
+//			if err := ctx.Err(); err != nil {
+//				return err // lease lost (or shutdown): stop at the batch boundary
+//			}
+//			commitBatch(ctx, batch, lease.Fence()) // the fence guards every write
+//		}
+//		return nil
+//	})
+//	switch {
+//	case errors.Is(err, ownership.ErrAlreadyOwned): // another replica runs it: emit already_owned
+//	case errors.Is(err, ownership.ErrUnavailable):  // fail closed: nothing ran; retry later
+//	case errors.Is(err, ownership.ErrLeaseLost):    // ran, but lost the lock midway
+//	}
+//
+// # Leases
+//
+// Acquire(ctx, key, 0) takes a watchdog lease: the lock lives for the
+// watchdog timeout (default 30s) and one renewal loop per Locker renews
+// every such lease each third of it, for as long as the process holds it.
+// Acquire(ctx, key, d) with d > 0 takes an explicit lease: the lock
+// hard-expires after d, with no renewal.
+//
+// A Lease's life:
+//
+//	            Acquire
+//	              |
+//	              v         Acquire(lease.Context(), key) -> hold count +1
+//	         +---------+    Release of a reentrant hold  -> hold count -1
+//	         |  held   |<---------------------------------------------+
+//	         +---------+                                              |
+//	          |       |                                               |
+//	last Release     lock deleted / taken over (renewal or Release    |
+//	(compare-and-    finds it gone), no successful renewal before the |
+//	 delete)         trust deadline, explicit lease's end, Close      |
+//	          |       |                                               |
+//	          v       v                                               |
+//	   +----------+ +--------+                                        |
+//	   | released | |  lost  |   Done closed, Context cancelled,      |
+//	   +----------+ +--------+   Err() = ErrReleased / ErrLeaseLost   |
+//
+// Every acquisition gets a fence, strictly increasing per key (reentrant
+// holds share the outer one). Postgres, not the lock, is the last word:
+// work writes its fence and every batch checks it, so a stale owner that
+// lost its lease without noticing still cannot commit.
+//
+// The holder trusts a lease only until its local trust deadline:
+// (time the acquire or last successful renewal was sent) + TTL -
+// SafetyMargin(TTL), on the monotonic clock. So it stops before Redis can
+// have expired the lock, whatever the network did.
+//
+// Acquire is reentrant only through a context that carries the lease
+// (Lease.Context, or the ctx WithLock passes to its function): two
+// goroutines of one process are two owners and exclude each other.
+//
+// # Waiting
+//
+// A held key makes Acquire wait, up to the Locker's wait time (default 5s)
+// and ctx. Waiters wake when the key is released (the Redis adapter keeps
+// one pub/sub subscription per process for that, not one per lock) and
+// otherwise when the holder's TTL runs out; nothing polls. Waiters of one
+// process queue in FIFO order; across processes a released lock is
+// reserved for a few milliseconds for the process that waited first, so a
+// releasing process cannot barge back in ahead of the others.
+//
+// # What happens on failure
+//
+//   - Redis unreachable at Acquire: *AcquireError with Reason unavailable
+//     (errors.Is ErrUnavailable) and the cause; the work does not run
+//     (fail closed). The Redis client fails a dial within about a second.
+//   - Key held elsewhere past the wait time: *AcquireError with Reason
+//     already_owned (errors.Is ErrAlreadyOwned) and the owner's replica id.
+//     ctx cancelled or past its deadline while waiting: the same, wrapping
+//     ctx.Err(). Every AcquireError carries Code LOCK_ACQUISITION_FAILED
+//     and the Key.
+//   - Redis unreachable while a watchdog lease is held: renewals fail and
+//     are retried each interval; if none succeeds before the trust
+//     deadline, the lease is lost: Done closes, the context is cancelled,
+//     Err is ErrLeaseLost. Work stops at its next checkpoint; the fence
+//     stops anything that slips through.
+//   - Lock deleted or taken over behind the holder's back: the next
+//     renewal (within a third of the TTL) sees it and the lease is lost.
+//   - The process dies: nobody renews; the lock expires after at most one
+//     TTL and another replica takes it (its waiters wake at the expiry).
+//   - Redis restarts empty: held leases are lost at the next renewal or
+//     their trust deadline; the Locker reconnects, reloads its scripts and
+//     resubscribes on its own, and new leases renew normally.
+//   - Release of a lease no longer held: an error matching ErrNotHeld; the
+//     compare-and-delete (owner token and fence) leaves the new owner's lock
+//     untouched, and renewal of the old lease has already stopped.
+//   - Locker.Close: every lease still held is lost (Done closes); the locks
+//     in Redis are not deleted and expire on their own.
+//   - A bad key (empty, over MaxKeyLength, outside [A-Za-z0-9._:/-]):
+//     ErrInvalidKey, before any backend call.
+//
+// # Metrics
+//
+// NewMetrics registers coordinator_lock_acquisitions_total{outcome},
+// coordinator_lock_acquire_wait_seconds, coordinator_lock_hold_seconds,
+// coordinator_lock_renewals_total{outcome}, coordinator_lock_leases_lost_total
+// and coordinator_lock_leases_held. A nil *Metrics records nothing.
+package ownership
