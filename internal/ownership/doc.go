@@ -35,21 +35,17 @@
 //
 // A Lease's life:
 //
-//	            Acquire
-//	              |
-//	              v         Acquire(lease.Context(), key) -> hold count +1
-//	         +---------+    Release of a reentrant hold  -> hold count -1
-//	         |  held   |<---------------------------------------------+
-//	         +---------+                                              |
-//	          |       |                                               |
-//	last Release     lock deleted / taken over (renewal or Release    |
-//	(compare-and-    finds it gone), no successful renewal before the |
-//	 delete)         trust deadline, explicit lease's end, Close      |
-//	          |       |                                               |
-//	          v       v                                               |
-//	   +----------+ +--------+                                        |
-//	   | released | |  lost  |   Done closed, Context cancelled,      |
-//	   +----------+ +--------+   Err() = ErrReleased / ErrLeaseLost   |
+//	Acquire ──> HELD ──(reentrant Acquire through lease.Context: holds+1;
+//	             │ │     Release of one hold: holds-1)
+//	             │ │
+//	             │ └─ last Release: compare-and-delete ──────────> RELEASED
+//	             │
+//	             └─── renewal or Release finds the lock gone or
+//	                  taken over; no successful renewal before the
+//	                  trust deadline; explicit lease's end; Close ──> LOST
+//
+//	RELEASED and LOST: Done is closed, Context is cancelled, and Err is
+//	ErrReleased or ErrLeaseLost. A later Release returns ErrNotHeld.
 //
 // Every acquisition gets a fence, strictly increasing per key (reentrant
 // holds share the outer one). Postgres, not the lock, is the last word:
