@@ -445,8 +445,11 @@ func (w *partWorker) forbidCommit() {
 func (w *partWorker) lag() int64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.handled < 0 {
-		return max(w.hw-int64(len(w.queue)), 0) // unknown start; best effort
+	if w.handled < 0 { // nothing handled yet: count from the first record waiting
+		if len(w.queue) == 0 {
+			return 0
+		}
+		return max(w.hw-w.queue[0].Offset, 0)
 	}
 	return max(w.hw-w.handled-1, 0)
 }
