@@ -142,3 +142,11 @@ func AcquireOutcome(err error) string {
 		return OutcomeUnavailable
 	}
 }
+
+// LeasesHeldGauge exposes the leases-held gauge (tests, readiness pages).
+func (m *Metrics) LeasesHeldGauge() prometheus.Gauge { return m.held }
+
+// RenewalsCounter exposes the renewals counter of one outcome.
+func (m *Metrics) RenewalsCounter(outcome string) prometheus.Counter {
+	return m.renewals.WithLabelValues(outcome)
+}
