@@ -238,7 +238,7 @@ func runContended(l lib, name string, workers int, p params) Result {
 		go func() {
 			defer wg.Done()
 			for runCtx.Err() == nil {
-				actx, acancel := context.WithTimeout(runCtx, 5*time.Second)
+				actx, acancel := context.WithTimeout(context.WithValue(runCtx, workerKey{}, w), 5*time.Second)
 				h, err := l.lock(actx, key)
 				acancel()
 				if err != nil {
@@ -363,6 +363,10 @@ func runLost(l lib, name string, admin *redis.Client, watchdog time.Duration, p 
 	}
 	return r
 }
+
+// workerKey carries a contending worker's index in the acquire context, for
+// libraries that give each worker its own client (oursPerWorker).
+type workerKey struct{}
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
