@@ -53,9 +53,9 @@
 //     its ctx, then cancels them and waits for them to release. Run both at
 //     once, with the same bound.
 //
-// The poll loop never waits for a worker: while a worker is busy its
-// partition is paused, so heartbeats and the other partitions go on during a
-// long bill run. An idle partition is not paused, which keeps the path from
-// a produced trigger to its ownership.acquired event short (see
+// The poll loop never waits for a worker: once records wait behind a busy
+// worker its partition is paused, so heartbeats and the other partitions go
+// on during a long bill run. A partition is not paused otherwise, which keeps
+// the path from a produced trigger to its ownership.acquired event short (see
 // bench/notes/trigger.md).
 package trigger

@@ -97,8 +97,8 @@ func (c KafkaConfig) validate() error {
 //
 // Per partition, one worker goroutine handles records strictly in order.
 // The poll loop never waits for a worker: it queues a fetch for the worker
-// and, while the worker is busy, pauses the partition until the worker
-// drained its queue, so heartbeats,
+// and, once records wait behind a busy worker, pauses the partition until
+// the worker drained its queue, so heartbeats,
 // rebalances and the other partitions keep going while a long bill run
 // executes. An offset is committed (synchronously) only after its record is
 // handled: done, already owned, already completed, or rejected to the DLQ.
@@ -360,7 +360,6 @@ type partWorker struct {
 	hw        int64 // high watermark of the last fetch
 	handled   int64 // offset of the last handled record, -1 before any
 	revoked   bool
-	busy      bool // a record is in flight
 	paused    bool // the partition's fetching is paused
 	noCommit  bool
 	wake      chan struct{}
@@ -373,19 +372,21 @@ func newPartWorker(c *KafkaConsumer, k tp) *partWorker {
 	return &partWorker{c: c, tp: k, handled: -1, wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
 }
 
-// enqueue queues a fetch for the worker. When the worker is busy (a record
-// in flight or a queue to work off) the partition is paused until the worker
-// drained its queue, so the poll loop never blocks on a busy worker and the
-// queue stays bounded by a fetch or two. An idle worker's partition is not
-// paused: pausing makes the next fetch of the partition wait for the broker's
-// in-flight long poll, which would add up to FetchMaxWait to every trigger.
+// enqueue queues a fetch for the worker. When records are already waiting
+// (the worker is busy with an earlier fetch), the partition is paused until
+// the worker drained its queue, so the poll loop never blocks on a busy
+// worker and the queue holds at most two fetches. A partition is not paused
+// for the first fetch that arrives while a record is in flight: that is the
+// common case of a trigger arriving while the previous one commits, and
+// pausing costs the next trigger on the partition up to FetchMaxWait (a
+// resumed partition is fetched only after the broker's in-flight long poll).
 func (w *partWorker) enqueue(recs []*kgo.Record, hw int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.revoked {
 		return
 	}
-	if (w.busy || len(w.queue) > 0) && !w.paused {
+	if len(w.queue) > 0 && !w.paused {
 		w.c.cl.PauseFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
 		w.paused = true
 	}
@@ -410,11 +411,9 @@ func (w *partWorker) next() (*kgo.Record, bool) {
 			r := w.queue[0]
 			w.queue[0] = nil
 			w.queue = w.queue[1:]
-			w.busy = true
 			w.mu.Unlock()
 			return r, true
 		}
-		w.busy = false
 		if w.paused {
 			w.c.cl.ResumeFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
 			w.paused = false
