@@ -77,12 +77,12 @@ func BenchmarkAcquireRelease(b *testing.B) {
 				// them: separates the scripts' cost from the Locker's.
 				scripts := func(key string) error {
 					tok := "s" + strconv.FormatInt(seq.Add(1), 10)
-					keys := []string{l.lockKey(key), l.fenceKey(key), l.handoffKey(key)}
+					keys := []string{l.lockKey(key), l.fenceKey(key)}
 					res, err := acquireScript.Run(ctx, raw, keys, tok, "bench", 30000, "x").Slice()
 					if err != nil {
 						return err
 					}
-					return releaseScript.Run(ctx, raw, []string{l.lockKey(key), l.channel(key), l.handoffKey(key)}, tok, res[1], "x", handoffMS).Err()
+					return releaseScript.Run(ctx, raw, []string{l.lockKey(key), l.channel(key)}, tok, res[1], "x", handoffMS).Err()
 				}
 				// Warm all (connections, script cache).
 				for w := range g {

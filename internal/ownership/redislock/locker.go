@@ -149,9 +149,6 @@ func (l *Locker) fenceKey(key string) string {
 	return l.cfg.Prefix + ":{" + key + "}:fence"
 }
 func (l *Locker) channel(key string) string { return l.cfg.Prefix + ":{" + key + "}:released" }
-func (l *Locker) handoffKey(key string) string {
-	return l.cfg.Prefix + ":{" + key + "}:handoff"
-}
 
 // handoffMS is how long a released lock stays reserved for the Locker that
 // waited for it first: long enough for the release message to reach it and
@@ -215,7 +212,7 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 	ttl := cmp.Or(lease, l.cfg.WatchdogTimeout)
 	deadline := start.Add(l.cfg.WaitTime)
 	token := l.tokenBase + strconv.FormatUint(l.tokenSeq.Add(1), 36)
-	keys := []string{l.lockKey(key), l.fenceKey(key), l.handoffKey(key)}
+	keys := []string{l.lockKey(key), l.fenceKey(key)}
 	ttlMS := max(ttl.Milliseconds(), 1)
 
 	w, q := l.enqueue(key)
@@ -409,7 +406,7 @@ func (l *Locker) release(ctx context.Context, t *ownership.Term) error {
 		l.roundMu.Lock()
 		l.roundMu.Unlock() //nolint:staticcheck // an empty critical section: a barrier
 	}
-	n, err := releaseScript.Run(ctx, l.client, []string{l.lockKey(t.Key()), l.channel(t.Key()), l.handoffKey(t.Key())},
+	n, err := releaseScript.Run(ctx, l.client, []string{l.lockKey(t.Key()), l.channel(t.Key())},
 		t.Token(), t.Fence(), l.tokenBase, handoffMS).Int64()
 	if err != nil {
 		return fmt.Errorf("%w: %w", ownership.ErrUnavailable, err)
