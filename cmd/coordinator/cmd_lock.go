@@ -159,7 +159,9 @@ func runLock(ctx context.Context, cio cliIO, args []string) int {
 	// dies with us (Pdeathsig), so it never runs on without the lock.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
-		_ = lease.Release(context.WithoutCancel(ctx))
+		relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ownership.ReleaseTimeout)
+		_ = lease.Release(relCtx)
+		cancel()
 		fmt.Fprintf(cio.stderr, "coordinator lock: start %s: %v\n", a.argv[0], err)
 		return job.ExitFailed
 	}
