@@ -48,9 +48,15 @@ func TestEnsureWithoutCreateNamesEveryMissingTopic(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
-	// One of the four exists already.
-	_, err := adm.CreateTopics(ctx, 1, -1, nil, names.Events)
+	// One of the four exists already, and the broker's metadata says so
+	// (a create is acknowledged before every metadata view shows it).
+	created, err := adm.CreateTopics(ctx, 1, -1, nil, names.Events)
 	require.NoError(t, err)
+	require.NoError(t, created.Error())
+	require.Eventually(t, func() bool {
+		details, err := adm.ListTopics(ctx, names.Events)
+		return err == nil && details.Has(names.Events) && details[names.Events].Err == nil
+	}, 15*time.Second, 50*time.Millisecond, "created topic never showed in metadata")
 
 	err = topics.Ensure(ctx, adm, names, false)
 	var missing *topics.MissingError
