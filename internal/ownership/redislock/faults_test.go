@@ -34,7 +34,7 @@ func TestRedisRestart(t *testing.T) {
 
 	held, err := a.Acquire(ctx, "job", 0)
 	require.NoError(t, err)
-	srv.kill()
+	srv.Stop()
 	killed := time.Now()
 	select {
 	case <-held.Done():
@@ -47,7 +47,7 @@ func TestRedisRestart(t *testing.T) {
 	_, err = a.Acquire(ctx, "job", 0)
 	require.ErrorIs(t, err, ownership.ErrUnavailable, "fail closed while Redis is down")
 
-	srv.start()
+	srv.Start()
 	var again ownership.Lease
 	require.Eventually(t, func() bool {
 		again, err = a.Acquire(ctx, "job", 0)
@@ -61,7 +61,7 @@ func TestRedisRestart(t *testing.T) {
 	}
 
 	// Both Lockers' subscriptions are back.
-	admin := srv.client(t)
+	admin := srv.Client(t)
 	require.Eventually(t, func() bool { return patternSubscribers(t, admin) == 2 }, 5*time.Second, 20*time.Millisecond)
 	got := make(chan error, 1)
 	start := time.Now()
@@ -168,7 +168,7 @@ func TestOneSubscriptionPerLocker(t *testing.T) {
 			errs <- err
 		})
 	}
-	admin := srv.client(t)
+	admin := srv.Client(t)
 	// Wait until all waiters are blocked (each has asked once: the key's
 	// hash is untouched, so count clients instead), then count subscribers.
 	require.Eventually(t, func() bool {
