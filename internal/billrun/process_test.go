@@ -107,6 +107,8 @@ func (w *world) start(t *testing.T, id string, env ...string) *replica {
 		}
 	}
 	r.cmd.Env = append(append(r.cmd.Env, base...), env...)
+	// A replica dies with the test binary, even one killed by a timeout.
+	r.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	r.cmd.Stdout = &r.stdout
 	f, err := os.CreateTemp(t.TempDir(), id+"-stderr-")
 	require.NoError(t, err)

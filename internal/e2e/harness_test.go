@@ -168,6 +168,8 @@ func (d *deployment) start(id string, extra map[string]string, args ...string) *
 	}
 	cmd := exec.Command(binary, append([]string{"serve"}, args...)...)
 	cmd.Env = env
+	// A replica dies with the test binary, even one killed by a timeout.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)
 	cmd.Stdout = io.Discard
