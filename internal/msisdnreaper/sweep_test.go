@@ -2,9 +2,11 @@ package msisdnreaper
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/telco-platform/coordinator/internal/events"
@@ -56,8 +58,9 @@ func TestSweepFreesOnlyStaleReservations(t *testing.T) {
 	check := snapshotKept(t, pg)
 
 	rec := &events.Recorder{}
+	reg := prometheus.NewRegistry()
 	s := NewSweeper(pg.Pool, memLocker(t, "replica-a", time.Second), rec,
-		Config{ReplicaID: "replica-a", BatchSize: 7, Workers: 3})
+		Config{ReplicaID: "replica-a", BatchSize: 7, Workers: 3, Metrics: NewMetrics(reg)})
 	res := s.Sweep(ctx, cliTrigger)
 	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
 	require.Equal(t, int64(250), res.Counts["freed"])
@@ -82,6 +85,27 @@ func TestSweepFreesOnlyStaleReservations(t *testing.T) {
 	res = s.Sweep(ctx, cliTrigger)
 	require.Equal(t, job.OutcomeCompleted, res.Outcome)
 	require.Equal(t, int64(0), res.Counts["freed"])
+
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	got := map[string]float64{}
+	for _, f := range families {
+		require.True(t, strings.HasPrefix(f.GetName(), "coordinator_reaper_"), f.GetName())
+		for _, m := range f.GetMetric() {
+			if c := m.GetCounter(); c != nil {
+				got[f.GetName()] += c.GetValue()
+			}
+		}
+	}
+	require.Equal(t, 250.0, got["coordinator_reaper_freed_total"])
+	require.Equal(t, 2.0, got["coordinator_reaper_sweeps_total"])
+	require.GreaterOrEqual(t, got["coordinator_reaper_batches_total"], 36.0)
+
+	// A nil *Metrics records nothing and does not panic.
+	var nilMetrics *Metrics
+	nilMetrics.sweep("completed")
+	nilMetrics.batch(1, time.Millisecond)
+	nilMetrics.owned(time.Millisecond, true, true)
 }
 
 func TestSweepFailsClosedWhenTheLockIsUnavailable(t *testing.T) {
