@@ -18,12 +18,12 @@ import (
 )
 
 // benchStale is the number of stale reservations each measurement frees
-// (COORDINATOR_BENCH_REAPER_STALE, default 500000). As many other rows (free,
-// valid holds, allocated) are interleaved with them, so the stale rows are
+// (COORDINATOR_BENCH_REAPER_STALE, else def). As many other rows (free, valid
+// holds, allocated) are interleaved with them, so the stale rows are
 // scattered over the table's pages.
-func benchStale(b *testing.B) int {
+func benchStale(b *testing.B, def int) int {
 	b.Helper()
-	n := 500_000
+	n := def
 	if v := os.Getenv("COORDINATOR_BENCH_REAPER_STALE"); v != "" {
 		var err error
 		n, err = strconv.Atoi(v)
@@ -88,7 +88,7 @@ func sweepOnce(b *testing.B, pg *testenv.PG, stale int, cfg Config) float64 {
 //	go test ./internal/msisdnreaper -run '^$' -bench SweepVsSingleUpdate -benchtime 3x -timeout 30m
 func BenchmarkSweepVsSingleUpdate(b *testing.B) {
 	pg := testenv.Postgres(b)
-	stale := benchStale(b)
+	stale := benchStale(b, 500_000)
 	var single, sweep, ratios []float64
 	for b.Loop() {
 		freshPool(b, pg, stale)
@@ -109,10 +109,12 @@ func BenchmarkSweepVsSingleUpdate(b *testing.B) {
 // in a rotating order; each variant reports the median over rounds of its
 // rows/s divided by the same round's single UPDATE.
 //
-//	COORDINATOR_BENCH_REAPER_STALE=100000 go test ./internal/msisdnreaper -run '^$' -bench SweepVariants -benchtime 3x -timeout 60m
+// Default 100,000 stale reservations (COORDINATOR_BENCH_REAPER_STALE):
+//
+//	go test ./internal/msisdnreaper -run '^$' -bench SweepVariants -benchtime 3x -timeout 60m
 func BenchmarkSweepVariants(b *testing.B) {
 	pg := testenv.Postgres(b)
-	stale := benchStale(b)
+	stale := benchStale(b, 100_000)
 	type variant struct {
 		name           string
 		batch, workers int
