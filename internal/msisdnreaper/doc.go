@@ -45,14 +45,18 @@
 //
 // # Minimum hold (ShedLock's lockAtLeastFor)
 //
-// The lock is taken with TTL max(Lease, MinHold). When the sweep ends before
-// MinHold has passed since the lock was taken, the lock is not deleted: it is
-// left to expire, so a replica whose tick comes a little later (clock skew,
-// jitter) finds it held and reports already_owned instead of sweeping again.
-// When the sweep ran longer than MinHold, the lock is released at once. A lock
-// therefore lives at least MinHold and at most max(Lease, MinHold). Keep the
-// lock wait time (COORDINATOR_LOCK_WAIT_TIME) below MinHold, or a replica
-// that waits will sweep (an empty table) once the hold expires.
+// When the sweep ends before MinHold has passed since the lock was taken, the
+// lock is not deleted yet: Sweep returns (event ownership.released with
+// release "after_min_hold") and a timer deletes the lock at acquired +
+// MinHold, so a replica whose tick comes a little later (clock skew, jitter)
+// finds it held and reports already_owned instead of sweeping again. When
+// the sweep ran longer than MinHold, the lock is released at once. The lock
+// is taken with TTL max(Lease, MinHold*1.1 + 100ms), so that if the process
+// ends before the timer, the lock still expires soon after MinHold. The lease
+// is released, not left to run out, so min holds are not counted as lost
+// leases. Keep the lock wait time (COORDINATOR_LOCK_WAIT_TIME) below
+// MinHold, or a replica that waits will sweep (an empty table) once the hold
+// ends.
 //
 // # What happens on failure
 //

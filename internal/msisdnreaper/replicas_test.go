@@ -10,10 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/ownership"
 	"github.com/telco-platform/coordinator/internal/ownership/redislock"
 	"github.com/telco-platform/coordinator/internal/testenv"
 )
@@ -316,8 +318,14 @@ func TestMinHoldKeepsASecondReplicaOutForTheInterval(t *testing.T) {
 	require.NoError(t, err)
 	const minHold = 1500 * time.Millisecond
 	rec := &stamped{}
-	a := NewSweeper(pg.Pool, redisLocker(t, rd, "replica-a", 50*time.Millisecond), rec,
-		Config{ReplicaID: "replica-a", Lease: time.Second, MinHold: minHold})
+	clientA, err := redislock.NewClient(rd.URL, "single")
+	require.NoError(t, err)
+	regA := prometheus.NewRegistry()
+	la, err := redislock.New(clientA, redislock.Config{Prefix: rd.Prefix, Owner: "replica-a", WaitTime: 50 * time.Millisecond,
+		Metrics: ownership.NewMetrics(regA)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = la.Close(); _ = clientA.Close() })
+	a := NewSweeper(pg.Pool, la, rec, Config{ReplicaID: "replica-a", Lease: time.Second, MinHold: minHold})
 	lb := redisLocker(t, rd, "replica-b", 50*time.Millisecond)
 	b := NewSweeper(pg.Pool, lb, rec, Config{ReplicaID: "replica-b", Lease: time.Second, MinHold: minHold})
 
@@ -326,7 +334,7 @@ func TestMinHoldKeepsASecondReplicaOutForTheInterval(t *testing.T) {
 	require.Equal(t, int64(10), res.Counts["freed"])
 	rel := rec.of(events.OwnershipReleased, "replica-a")
 	require.Len(t, rel, 1)
-	require.Equal(t, "expire", rel[0].Extra["release"], "the lock is left to expire, not deleted")
+	require.Equal(t, "after_min_hold", rel[0].Extra["release"], "the lock is not deleted before the minimum hold")
 
 	// The lock is still there, A's, although A's sweep is over.
 	locks, err := lb.Locks(ctx)
@@ -354,6 +362,8 @@ func TestMinHoldKeepsASecondReplicaOutForTheInterval(t *testing.T) {
 		"B took the lock before A's minimum hold was over")
 	require.Greater(t, tries, 1)
 	require.NotEmpty(t, rec.of(events.OwnershipAlreadyOwned, "replica-b"))
+	// A's lease was released at the end of the hold, not left to run out.
+	require.Equal(t, 0.0, counterValue(t, regA, "coordinator_lock_leases_lost_total"))
 
 	// A sweep that outlasts the minimum hold deletes the lock at once.
 	c := NewSweeper(pg.Pool, redisLocker(t, rd, "replica-c", time.Second), rec,
@@ -424,4 +434,21 @@ func mustLocks(t testing.TB, rd *testenv.RedisEnv) []string {
 	keys, err := rd.Client.Keys(context.Background(), rd.Prefix+":*:lock").Result()
 	require.NoError(t, err)
 	return keys
+}
+
+func counterValue(t testing.TB, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() == name {
+			var sum float64
+			for _, m := range f.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+			return sum
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
 }

@@ -38,8 +38,8 @@ type Config struct {
 	// ReplicaID is this replica's id in results and events. Required.
 	ReplicaID string
 	// Lease is the explicit lease of one sweep: the lock hard-expires after
-	// it (or after MinHold, if longer) and no batch starts after Lease -
-	// SafetyMargin. Default 20s.
+	// it (or a little after MinHold, if longer) and no batch starts after
+	// Lease - SafetyMargin. Default 20s.
 	Lease time.Duration
 	// BatchSize is the most reservations freed per transaction. Default 1000,
 	// at most 100000.
@@ -50,7 +50,8 @@ type Config struct {
 	// MinHold keeps the lock at least this long after it was taken, even
 	// when the sweep finished sooner (ShedLock's lockAtLeastFor), so that
 	// replicas whose ticks are skewed by less than MinHold do not sweep in
-	// turn. The lock is then left to expire instead of being deleted.
+	// turn. Sweep then returns at once and the lock is deleted by a timer at
+	// acquired + MinHold (or expires, if the process ends first).
 	// Default 0 (release at once); COORDINATOR_REAPER_MIN_HOLD defaults to
 	// half the schedule interval.
 	MinHold time.Duration
@@ -229,7 +230,7 @@ func (s *Sweeper) Sweep(ctx context.Context, t job.Trigger) job.Result {
 		return end(job.OutcomeFailed)
 	}
 
-	ttl := max(s.cfg.Lease, s.cfg.MinHold)
+	ttl := max(s.cfg.Lease, holdTTL(s.cfg.MinHold))
 	lease, err := s.locker.Acquire(ctx, SweepKey, ttl)
 	if err != nil {
 		var ae *ownership.AcquireError
@@ -297,25 +298,35 @@ func (s *Sweeper) Sweep(ctx context.Context, t job.Trigger) job.Result {
 		log.Error("sweep_failed", "error", run.err, "freed", run.freed, "batches", run.batches)
 		ev(events.RunFailed, extra(map[string]any{"error": res.Error}))
 	}
-	s.letGo(ctx, lease, acquired, ttl, ev, log)
+	s.letGo(ctx, lease, acquired, ev, log)
 	return end(outcome)
 }
 
-// letGo ends this replica's hold. Before MinHold has passed since the lock
-// was taken, the lock is not deleted: it is left to expire at its TTL
-// (max(Lease, MinHold)), so it lasts at least MinHold; the holder stops using
-// it at once. Otherwise it is released (compare-and-delete) under a bounded
-// context that outlives a cancelled ctx.
-func (s *Sweeper) letGo(ctx context.Context, lease ownership.Lease, acquired time.Time, ttl time.Duration,
+// letGo ends this replica's hold. Once MinHold has passed since the lock was
+// taken, the lock is released at once (compare-and-delete) under a bounded
+// context that outlives a cancelled ctx. Before that, the release is
+// deferred to acquired + MinHold (ShedLock's lockAtLeastFor): Sweep returns
+// now and a timer deletes the lock then, so the lock lives exactly
+// max(MinHold, the sweep). The lease is released, not left to run out, so it
+// is not counted or logged as lost. If the process ends first, the lock
+// expires with its TTL (holdTTL: a little over MinHold).
+func (s *Sweeper) letGo(ctx context.Context, lease ownership.Lease, acquired time.Time,
 	ev func(events.Type, map[string]any), log *slog.Logger) {
-	if lease.Err() != nil { // lost: nothing of ours is left to release
+	if lease.Err() != nil { // lost or run out: nothing of ours is left to release
 		return
 	}
 	if held := time.Since(acquired); held < s.cfg.MinHold {
-		remaining := ttl - held
-		log.Info("sweep_lock_left_to_expire", "min_hold", s.cfg.MinHold, "expires_in", remaining)
-		ev(events.OwnershipReleased, map[string]any{"release": "expire", "expires_in_ms": remaining.Milliseconds(),
-			"min_hold_ms": s.cfg.MinHold.Milliseconds()})
+		remaining := s.cfg.MinHold - held
+		log.Info("sweep_release_deferred", "min_hold", s.cfg.MinHold, "release_in", remaining)
+		ev(events.OwnershipReleased, map[string]any{"release": "after_min_hold",
+			"release_in_ms": remaining.Milliseconds(), "min_hold_ms": s.cfg.MinHold.Milliseconds()})
+		time.AfterFunc(remaining, func() {
+			relCtx, cancel := context.WithTimeout(context.Background(), ownership.ReleaseTimeout)
+			defer cancel()
+			if err := lease.Release(relCtx); err != nil && !errors.Is(err, ownership.ErrNotHeld) {
+				log.Warn("sweep_release_failed", "error", err)
+			}
+		})
 		return
 	}
 	relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ownership.ReleaseTimeout)
@@ -326,6 +337,16 @@ func (s *Sweeper) letGo(ctx context.Context, lease ownership.Lease, acquired tim
 		return
 	}
 	ev(events.OwnershipReleased, map[string]any{"release": "delete"})
+}
+
+// holdTTL is the lock TTL that covers a minimum hold: long enough that the
+// lease's local trust deadline (TTL minus the adapter's safety margin, TTL/20
+// + 2ms) falls after acquired + minHold, where the deferred release runs.
+func holdTTL(minHold time.Duration) time.Duration {
+	if minHold <= 0 {
+		return 0
+	}
+	return minHold + minHold/10 + 100*time.Millisecond
 }
 
 type freeRun struct {
