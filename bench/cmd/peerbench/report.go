@@ -366,8 +366,8 @@ func (rep *report) svg() string {
 		dHi = dLo + 1
 	}
 	const (
-		left, right, top, rowH, barH = 280.0, 130.0, 60.0, 26.0, 16.0
-		width                        = 960.0
+		left, right, top, rowH, barH = 330.0, 130.0, 60.0, 26.0, 16.0
+		width                        = 1010.0
 	)
 	plotW := width - left - right
 	height := top + rowH*float64(len(bars)) + 50
@@ -378,7 +378,7 @@ func (rep *report) svg() string {
 	w := func(format string, a ...any) { fmt.Fprintf(&s, format, a...) }
 	w(`<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
 	w(`<rect width="100%%" height="100%%" fill="white"/>` + "\n")
-	w(`<text x="%.0f" y="22" font-size="15" font-weight="bold">Lock handoff latency (release to a waiting worker's acquire), %s hold, log scale</text>`+"\n", left-260, html.EscapeString(rep.Meta.Params["hold_work"]))
+	w(`<text x="%.0f" y="22" font-size="15" font-weight="bold">Lock handoff latency (release to a waiting worker's acquire), %s hold, log scale</text>`+"\n", 20.0, html.EscapeString(rep.Meta.Params["hold_work"]))
 	w(`<rect x="%.0f" y="32" width="14" height="10" fill="#1f5fa8"/><text x="%.0f" y="41">p50</text>`+"\n", left, left+18)
 	w(`<rect x="%.0f" y="32" width="14" height="10" fill="#9cc3ea"/><text x="%.0f" y="41">p99</text>`+"\n", left+60, left+78)
 	for d := dLo; d <= dHi; d++ {
