@@ -9,7 +9,7 @@ TEST_TIMEOUT ?= 12m
 TEST_FLAGS   ?= -count=1 -timeout $(TEST_TIMEOUT)
 STATICCHECK  ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: build test test-short lint services-up services-down services-status demo serve bench bench-peers clean
+.PHONY: build test lint services-up services-down services-status demo bench bench-peers clean
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/coordinator
