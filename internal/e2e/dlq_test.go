@@ -1,13 +1,12 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/telco-platform/coordinator/internal/testenv"
 )
 
 // A malformed record goes to the DLQ (original bytes, reason header) with a
@@ -37,17 +36,7 @@ func TestMalformedTriggerGoesToDLQAndNextIsProcessed(t *testing.T) {
 		func() string { return fmt.Sprintf("committed %d", d.committed(d.names.BillrunRequested, partition)) })
 
 	// The DLQ holds the original bytes and says why.
-	cl, err := kgo.NewClient(kgo.SeedBrokers(d.brokers...), kgo.ConsumeTopics(d.names.DLQ),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	require.NoError(t, err)
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	var recs []*kgo.Record
-	for len(recs) == 0 && ctx.Err() == nil {
-		fs := cl.PollFetches(ctx)
-		recs = append(recs, fs.Records()...)
-	}
+	recs := testenv.ReadRecords(t, d.brokers, d.names.DLQ, 1)
 	require.Len(t, recs, 1, "exactly the malformed record is dead-lettered")
 	require.Equal(t, malformed, string(recs[0].Value))
 	require.Equal(t, period, string(recs[0].Key))

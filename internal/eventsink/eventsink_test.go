@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -22,16 +21,7 @@ import (
 	"github.com/telco-platform/coordinator/internal/topics"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // eventsTopic creates a fresh events topic on the test broker.
 func eventsTopic(t *testing.T) (brokers []string, topic string) {
@@ -51,24 +41,6 @@ func eventsTopic(t *testing.T) (brokers []string, topic string) {
 		adm.Close()
 	})
 	return k.Brokers, names.Events
-}
-
-// readAll consumes n records from topic (all partitions, from the start).
-func readAll(t *testing.T, brokers []string, topic string, n int) []*kgo.Record {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
-	require.NoError(t, err)
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var out []*kgo.Record
-	for len(out) < n {
-		fs := cl.PollFetches(ctx)
-		require.NoError(t, ctx.Err(), "got %d of %d records", len(out), n)
-		fs.EachRecord(func(r *kgo.Record) { out = append(out, r) })
-	}
-	return out
 }
 
 func TestRoundTripCloudEventsKeyedByLockKey(t *testing.T) {
@@ -93,7 +65,7 @@ func TestRoundTripCloudEventsKeyedByLockKey(t *testing.T) {
 	require.Zero(t, sink.Buffered())
 	require.Equal(t, float64(n), metricValue(t, reg, "coordinator_events_published_total"))
 
-	recs := readAll(t, brokers, topic, n)
+	recs := testenv.ReadRecords(t, brokers, topic, n)
 	require.Len(t, recs, n)
 	seen := map[string]bool{}
 	for _, r := range recs {
@@ -168,7 +140,7 @@ func TestKafkaDownBuffersBoundedDropsOldestThenDelivers(t *testing.T) {
 	defer cancel()
 	require.NoError(t, sink.Flush(ctx))
 
-	recs := readAll(t, brokers, topic, 8)
+	recs := testenv.ReadRecords(t, brokers, topic, 8)
 	got := map[string]bool{}
 	for _, r := range recs {
 		var ce events.CloudEvent

@@ -191,19 +191,7 @@ func pause(d time.Duration) { <-time.After(d) }
 // readDLQ reads n records from the DLQ topic.
 func (b *kafkaBundle) readDLQ(t *testing.T, n int) []*kgo.Record {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(b.brokers...), kgo.ConsumeTopics(b.names.DLQ),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
-	require.NoError(t, err)
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var out []*kgo.Record
-	for len(out) < n {
-		fs := cl.PollFetches(ctx)
-		require.NoError(t, ctx.Err(), "DLQ: got %d of %d", len(out), n)
-		fs.EachRecord(func(r *kgo.Record) { out = append(out, r) })
-	}
-	return out
+	return testenv.ReadRecords(t, b.brokers, b.names.DLQ, n)
 }
 
 func header(r *kgo.Record, key string) string {
