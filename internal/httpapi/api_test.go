@@ -54,7 +54,8 @@ func (f *fakeDispatcher) StartBillRun(_ context.Context, period string, t job.Tr
 	res := job.Result{Job: "billrun", Key: "billrun:" + period, Replica: "r1", RequestID: t.RequestID}
 	o, ok := f.outcomes[period]
 	if !ok {
-		res.Outcome, res.Owner, res.Fence = job.OutcomeCompleted, "r1", 7
+		// Like billrun.Claim: a started run has an owner and a fence, no outcome yet.
+		res.Owner, res.Fence = "r1", 7
 		return res, true, nil
 	}
 	res.Outcome = o
@@ -291,6 +292,7 @@ func TestPostBillRun(t *testing.T) {
 		require.Equal(t, "billrun:2026-11", got["key"])
 		require.Equal(t, "r1", got["owner"])
 		require.EqualValues(t, 7, got["fence"])
+		require.NotContains(t, got, "outcome", "a started run has no outcome yet")
 		tr := b.disp.lastTrigger(t)
 		require.Equal(t, job.SourceHTTP, tr.Source)
 		require.Equal(t, r.header.Get("X-Request-Id"), tr.RequestID)

@@ -75,7 +75,7 @@ func (o Outcome) Handled() bool { return o != OutcomeUnavailable && o != Outcome
 type Result struct {
 	Job       string           `json:"job"`
 	Key       string           `json:"key"`
-	Outcome   Outcome          `json:"outcome"`
+	Outcome   Outcome          `json:"outcome,omitempty"` // empty only while a run is still going (HTTP 202)
 	Replica   string           `json:"replica"`
 	Owner     string           `json:"owner,omitempty"`
 	Fence     int64            `json:"fence,omitempty"`
