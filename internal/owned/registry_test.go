@@ -9,11 +9,12 @@ import (
 
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
+	"github.com/telco-platform/coordinator/internal/owned/ownedtest"
 )
 
 // spec overrides a widget's Spec.
 type spec struct {
-	*widget
+	*ownedtest.Widget
 	s owned.Spec
 }
 
@@ -21,13 +22,13 @@ func (s spec) Spec() owned.Spec { return s.s }
 
 func TestRegistryRefusesClashes(t *testing.T) {
 	t.Parallel()
-	a := &widget{name: "alpha"}
+	a := &ownedtest.Widget{Name: "alpha"}
 	with := func(s owned.Spec) owned.Kind { return spec{a, s} }
-	ok, err := owned.NewRegistry(a, &widget{name: "beta"})
+	ok, err := owned.NewRegistry(a, &ownedtest.Widget{Name: "beta"})
 	require.NoError(t, err)
-	require.Equal(t, []string{"test.alpha", "test.beta"}, ok.Topics())
+	require.Equal(t, []string{"test.alpha.requested", "test.beta.requested"}, ok.Topics())
 	require.Equal(t, []string{"alpha", "beta"}, ok.Commands())
-	k, found := ok.ByTopic("test.beta")
+	k, found := ok.ByTopic("test.beta.requested")
 	require.True(t, found)
 	require.Equal(t, "beta", k.Spec().Name)
 	_, found = ok.ByCommand("gamma")
@@ -40,7 +41,7 @@ func TestRegistryRefusesClashes(t *testing.T) {
 	}{
 		{"same name", []owned.Kind{a, with(owned.Spec{Name: "alpha", Command: "other"})}, `two kinds named "alpha"`},
 		{"same command", []owned.Kind{a, with(owned.Spec{Name: "beta", Command: "alpha"})}, `share the command "alpha"`},
-		{"same topic", []owned.Kind{a, with(owned.Spec{Name: "beta", Topic: "test.alpha"})}, `share the topic "test.alpha"`},
+		{"same topic", []owned.Kind{a, with(owned.Spec{Name: "beta", Topic: "test.alpha.requested"})}, `share the topic "test.alpha.requested"`},
 		{"same path", []owned.Kind{a, with(owned.Spec{Name: "beta", HTTPPath: "/v1/alpha"})}, `share the path "/v1/alpha"`},
 		{"name with a colon", []owned.Kind{with(owned.Spec{Name: "a:b"})}, `character ':'`},
 		{"empty name", []owned.Kind{with(owned.Spec{})}, "1 to 64"},
@@ -59,11 +60,11 @@ func TestInputDecode(t *testing.T) {
 		require.NoError(t, json.Unmarshal([]byte(s), &m))
 		return m
 	}
-	w := &widget{name: "widget"}
+	w := &ownedtest.Widget{Name: "widget"}
 	in := owned.NewInput(job.SourceKafka, nil, fields(`{"n":3,"extra":true}`), false)
 	p, err := w.Decode(in)
 	require.NoError(t, err)
-	require.Equal(t, widgetParams{N: 3}, p)
+	require.Equal(t, ownedtest.Params{N: 3}, p)
 	require.True(t, in.Has("extra"))
 	require.False(t, in.Has("missing"))
 

@@ -14,6 +14,7 @@ import (
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
+	"github.com/telco-platform/coordinator/internal/owned/ownedtest"
 	"github.com/telco-platform/coordinator/internal/ownership"
 	"github.com/telco-platform/coordinator/internal/ownership/redislock"
 	"github.com/telco-platform/coordinator/internal/testenv"
@@ -25,21 +26,18 @@ type bundle struct {
 	runner *owned.Runner
 	locker *ownership.MemoryLocker
 	rec    *events.Recorder
-	kind   *widget
+	kind   *ownedtest.Widget
 	reg    *prometheus.Registry
 }
 
-func setup(t *testing.T, w *widget) *bundle {
+func setup(t *testing.T, w *ownedtest.Widget) *bundle {
 	t.Helper()
-	if w.name == "" {
-		w.name = "widget"
-	}
 	l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "replica-a", WaitTime: 50 * time.Millisecond, WatchdogTimeout: 600 * time.Millisecond})
 	t.Cleanup(func() { _ = l.Close() })
 	return setupWith(t, w, l, l)
 }
 
-func setupWith(t *testing.T, w *widget, l ownership.Locker, mem *ownership.MemoryLocker) *bundle {
+func setupWith(t *testing.T, w *ownedtest.Widget, l ownership.Locker, mem *ownership.MemoryLocker) *bundle {
 	t.Helper()
 	reg, err := owned.NewRegistry(w)
 	require.NoError(t, err)
@@ -50,7 +48,7 @@ func setupWith(t *testing.T, w *widget, l ownership.Locker, mem *ownership.Memor
 }
 
 func (b *bundle) run(ctx context.Context, n int) job.Result {
-	return b.runner.Run(ctx, b.kind, widgetParams{N: n}, job.Trigger{Source: job.SourceCLI, RequestID: "req-1"})
+	return b.runner.Run(ctx, b.kind, ownedtest.Params{N: n}, job.Trigger{Source: job.SourceCLI, RequestID: "req-1"})
 }
 
 func (b *bundle) requireNoLocks(t *testing.T) {
@@ -124,10 +122,10 @@ func TestOutcomePerErrorEventsAndRelease(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			w := &widget{}
+			w := &ownedtest.Widget{}
 			b := setup(t, w)
 			started := make(chan struct{})
-			w.run = func(ctx context.Context, r *owned.Run, _ int) (owned.Report, error) {
+			w.Work = func(ctx context.Context, r *owned.Run, _ int) (owned.Report, error) {
 				close(started)
 				return tc.run(ctx, r, b)
 			}
@@ -172,7 +170,7 @@ func TestOutcomePerErrorEventsAndRelease(t *testing.T) {
 				require.Equal(t, "drained", last.Extra["stopped"])
 			}
 			b.requireNoLocks(t)
-			require.Equal(t, []job.Result{res}, w.results(), "the Observer sees the final result once")
+			require.Equal(t, []job.Result{res}, w.Results(), "the Observer sees the final result once")
 		})
 	}
 }
@@ -195,7 +193,7 @@ func TestAlreadyOwnedNamesTheOwnerAndRunsNothing(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { require.NoError(t, held.Release(context.Background())) }()
 
-	w := &widget{name: "widget"}
+	w := &ownedtest.Widget{Name: "widget"}
 	b := setupWith(t, w, locker("replica-b"), nil)
 	res := b.run(context.Background(), 9)
 	require.Equal(t, job.OutcomeAlreadyOwned, res.Outcome)
@@ -203,7 +201,7 @@ func TestAlreadyOwnedNamesTheOwnerAndRunsNothing(t *testing.T) {
 	require.Equal(t, "replica-a", res.Owner, "the result names the owner")
 	require.Equal(t, "replica-b", res.Replica)
 	require.Contains(t, res.Error, ownership.CodeLockAcquisitionFailed)
-	require.Zero(t, w.runs(), "nothing ran")
+	require.Zero(t, w.Runs(), "nothing ran")
 	require.Equal(t, []events.Type{events.OwnershipAlreadyOwned}, types(b.rec.Events()))
 	ev := b.rec.Events()[0]
 	require.Equal(t, "replica-a", ev.Owner, "the event names the owner")
@@ -215,13 +213,13 @@ func TestAlreadyOwnedNamesTheOwnerAndRunsNothing(t *testing.T) {
 
 func TestUnavailableFailsClosed(t *testing.T) {
 	t.Parallel()
-	w := &widget{}
+	w := &ownedtest.Widget{}
 	b := setup(t, w)
 	b.locker.SetUnavailable(true)
 	res := b.run(context.Background(), 1)
 	require.Equal(t, job.OutcomeUnavailable, res.Outcome)
 	require.False(t, res.Outcome.Handled(), "a Kafka trigger is retried")
-	require.Zero(t, w.runs())
+	require.Zero(t, w.Runs())
 	require.Equal(t, []events.Type{events.OwnershipUnavailable}, types(b.rec.Events()))
 	require.Equal(t, "unavailable", b.rec.Events()[0].Extra["reason"])
 	require.NotEmpty(t, b.rec.Events()[0].Extra["error"])
@@ -231,14 +229,14 @@ func TestClaim(t *testing.T) {
 	t.Parallel()
 	t.Run("a claim's fence is on every later event", func(t *testing.T) {
 		t.Parallel()
-		w := &widget{claim: func(context.Context, *owned.Run, int) (int64, error) { return 42, nil }}
-		w.run = func(ctx context.Context, r *owned.Run, _ int) (owned.Report, error) {
+		w := &ownedtest.Widget{Claim: func(context.Context, *owned.Run, int) (int64, error) { return 42, nil }}
+		w.Work = func(ctx context.Context, r *owned.Run, _ int) (owned.Report, error) {
 			require.Equal(t, int64(42), r.Fence())
 			r.Emit(ctx, events.BillrunInvoiceConflict, map[string]any{"sample": []int64{1}})
 			return owned.Report{}, nil
 		}
 		b := setup(t, w)
-		o, res := b.runner.Begin(context.Background(), w, widgetParams{N: 1}, job.Trigger{Source: job.SourceHTTP})
+		o, res := b.runner.Begin(context.Background(), w, ownedtest.Params{N: 1}, job.Trigger{Source: job.SourceHTTP})
 		require.NotNil(t, o, res.Error)
 		require.Empty(t, res.Outcome, "owned and claimed, not ended")
 		require.Equal(t, int64(42), res.Fence)
@@ -253,12 +251,12 @@ func TestClaim(t *testing.T) {
 			require.Equal(t, int64(42), e.Fence)
 			require.Equal(t, lockFence, e.Extra["lock_fence"])
 		}
-		require.Equal(t, 1, w.runs())
+		require.Equal(t, 1, w.Runs())
 		b.requireNoLocks(t)
 	})
 	t.Run("already completed runs nothing and names who did it", func(t *testing.T) {
 		t.Parallel()
-		w := &widget{claim: func(context.Context, *owned.Run, int) (int64, error) {
+		w := &ownedtest.Widget{Claim: func(context.Context, *owned.Run, int) (int64, error) {
 			return 0, &owned.CompletedError{Owner: "replica-z", Fence: 7, Counts: map[string]int64{"total": 9}}
 		}}
 		b := setup(t, w)
@@ -268,7 +266,7 @@ func TestClaim(t *testing.T) {
 		require.Equal(t, "replica-z", res.Owner)
 		require.Equal(t, int64(7), res.Fence)
 		require.Equal(t, map[string]int64{"total": 9}, res.Counts)
-		require.Zero(t, w.runs())
+		require.Zero(t, w.Runs())
 		evs := b.rec.Events()
 		require.Equal(t, []events.Type{events.OwnershipAcquired, events.RunAlreadyCompleted, events.OwnershipReleased}, types(evs))
 		require.Equal(t, "replica-z", evs[1].Owner)
@@ -278,12 +276,12 @@ func TestClaim(t *testing.T) {
 	})
 	t.Run("a failed claim is failed and releases", func(t *testing.T) {
 		t.Parallel()
-		w := &widget{claim: func(context.Context, *owned.Run, int) (int64, error) { return 0, errors.New("no table") }}
+		w := &ownedtest.Widget{Claim: func(context.Context, *owned.Run, int) (int64, error) { return 0, errors.New("no table") }}
 		b := setup(t, w)
 		res := b.run(context.Background(), 1)
 		require.Equal(t, job.OutcomeFailed, res.Outcome)
 		require.Contains(t, res.Error, "no table")
-		require.Zero(t, w.runs())
+		require.Zero(t, w.Runs())
 		require.Equal(t, []events.Type{events.OwnershipAcquired, events.RunFailed, events.OwnershipReleased}, types(b.rec.Events()))
 		b.requireNoLocks(t)
 	})
@@ -292,7 +290,7 @@ func TestClaim(t *testing.T) {
 func TestMinHoldDefersTheRelease(t *testing.T) {
 	t.Parallel()
 	const hold = 400 * time.Millisecond
-	w := &widget{lease: owned.Lease{TTL: 100 * time.Millisecond, MinHold: hold}}
+	w := &ownedtest.Widget{Lease: owned.Lease{TTL: 100 * time.Millisecond, MinHold: hold}}
 	b := setup(t, w)
 	res := b.run(context.Background(), 1)
 	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
@@ -314,10 +312,10 @@ func TestMinHoldDefersTheRelease(t *testing.T) {
 
 func TestLockKeyOutsideTheNamespaceFailsWithoutLocking(t *testing.T) {
 	t.Parallel()
-	w := &widget{name: "gadget"}
+	w := &ownedtest.Widget{Name: "gadget"}
 	b := setup(t, w)
 	// widget's LockKey uses its name: make it lie.
-	res := b.runner.Run(context.Background(), renamed{w, "other"}, widgetParams{N: 1}, job.Trigger{Source: job.SourceCLI})
+	res := b.runner.Run(context.Background(), renamed{w, "other"}, ownedtest.Params{N: 1}, job.Trigger{Source: job.SourceCLI})
 	require.Equal(t, job.OutcomeFailed, res.Outcome)
 	require.Contains(t, res.Error, "not registered")
 	b.requireNoLocks(t)
@@ -326,29 +324,29 @@ func TestLockKeyOutsideTheNamespaceFailsWithoutLocking(t *testing.T) {
 	require.NoError(t, err)
 	r, err := owned.NewRunner(reg, owned.Deps{Locker: b.locker}, b.rec)
 	require.NoError(t, err)
-	res = r.Run(context.Background(), liar{w}, widgetParams{N: 1}, job.Trigger{Source: job.SourceCLI})
+	res = r.Run(context.Background(), liar{w}, ownedtest.Params{N: 1}, job.Trigger{Source: job.SourceCLI})
 	require.Equal(t, job.OutcomeFailed, res.Outcome)
 	require.Contains(t, res.Error, "outside its namespace")
-	require.Zero(t, w.runs())
+	require.Zero(t, w.Runs())
 	b.requireNoLocks(t)
 }
 
 // renamed is a kind the Runner was not opened with.
 type renamed struct {
-	*widget
+	*ownedtest.Widget
 	name string
 }
 
-func (r renamed) Spec() owned.Spec { s := r.widget.Spec(); s.Name = r.name; return s }
+func (r renamed) Spec() owned.Spec { s := r.Widget.Spec(); s.Name = r.name; return s }
 
 // liar locks a key in another kind's namespace.
-type liar struct{ *widget }
+type liar struct{ *ownedtest.Widget }
 
 func (liar) LockKey(owned.Params) string { return "billrun:2026-11" }
 
 func TestRunMetrics(t *testing.T) {
 	t.Parallel()
-	w := &widget{}
+	w := &ownedtest.Widget{}
 	b := setup(t, w)
 	require.Equal(t, job.OutcomeCompleted, b.run(context.Background(), 1).Outcome)
 	b.locker.SetUnavailable(true)
