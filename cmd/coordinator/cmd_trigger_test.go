@@ -11,9 +11,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/telco-platform/coordinator/internal/billrun"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/eventsink"
 	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/kinds"
 	"github.com/telco-platform/coordinator/internal/testenv"
 	"github.com/telco-platform/coordinator/internal/topics"
 )
@@ -40,7 +42,9 @@ func kafkaCLI(t *testing.T) (map[string]string, topics.Names) {
 	t.Helper()
 	k := testenv.Kafka(t)
 	env := map[string]string{"COORDINATOR_KAFKA_BROKERS": strings.Join(k.Brokers, ","), "COORDINATOR_KAFKA_TOPIC_PREFIX": k.Suffix}
-	names := topics.New(k.Suffix)
+	reg, err := kinds.Registry()
+	require.NoError(t, err)
+	names := topics.New(k.Suffix, reg.Topics()...)
 	t.Cleanup(func() {
 		adm, err := topics.Dial(k.Brokers)
 		if err != nil {
@@ -80,7 +84,7 @@ func TestTriggerProducesAndWatchPrintsEvents(t *testing.T) {
 	require.Equal(t, 0, code, errb.String())
 	var p produced
 	require.NoError(t, json.Unmarshal([]byte(out.String()), &p))
-	require.Equal(t, names.BillrunRequested, p.Topic)
+	require.Equal(t, names.Topic(billrun.Topic), p.Topic)
 	require.Equal(t, "2026-11", p.Key)
 	require.JSONEq(t, `{"period":"2026-11","request_id":"cli-1","requested_by":"cli:unknown"}`, string(p.Value))
 
