@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os/user"
+	"text/tabwriter"
 	"time"
 
 	"github.com/telco-platform/coordinator/internal/config"
@@ -64,7 +65,7 @@ func parseKindCall(cio cliIO, verb string, args []string, synopsis string, more 
 }
 
 // kindArgs picks the kind that `run` or `trigger` names in args[0], or
-// prints the kinds (exit 0 for -h, else 64). ok false means return code.
+// prints the kinds (exitHelp for -h, else 64). ok false means return code.
 func kindArgs(cio cliIO, verb string, args []string) (reg *owned.Registry, k owned.Kind, code int, ok bool) {
 	reg, err := kinds.Registry()
 	if err != nil {
@@ -78,7 +79,7 @@ func kindArgs(cio cliIO, verb string, args []string) (reg *owned.Registry, k own
 	}
 	w, code := cio.stderr, job.ExitUsage
 	if len(args) > 0 && wantsHelp(args[:1]) {
-		w, code = cio.stdout, job.ExitOK
+		w, code = cio.stdout, exitHelp
 	} else if len(args) > 0 {
 		fmt.Fprintf(w, "coordinator %s: unknown kind %q\n", verb, args[0])
 	}
@@ -88,13 +89,15 @@ func kindArgs(cio cliIO, verb string, args []string) (reg *owned.Registry, k own
 
 func kindUsage(w io.Writer, verb string, reg *owned.Registry) {
 	fmt.Fprintf(w, "usage: coordinator %s KIND [flags]  (coordinator %s KIND -h lists KIND's flags)\n\nkinds:\n", verb, verb)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for _, k := range reg.Kinds() {
 		s := owned.Normalize(k.Spec())
 		if verb == "trigger" && s.Topic == "" {
 			continue
 		}
-		fmt.Fprintf(w, "  %-10s %-22s %s\n", s.Command, s.Usage, s.Summary)
+		fmt.Fprintf(tw, "  %s\t%s\t%s\n", s.Command, s.Usage, s.Summary)
 	}
+	_ = tw.Flush()
 }
 
 // runRun is `coordinator run KIND`: one owned run of any registered kind

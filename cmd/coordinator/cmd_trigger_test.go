@@ -134,3 +134,33 @@ func TestTriggerProducesAndWatchPrintsEvents(t *testing.T) {
 		require.Contains(t, line, "reason=already_owned")
 	}
 }
+
+// -h exits 0 on every command, `run` and `trigger` with or without a kind.
+func TestHelpExitsZeroEverywhere(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"-h"}, {"--help"}, {"help"}, {"run", "-h"}, {"trigger", "--help"}, {"run", "billrun", "-h"},
+		{"trigger", "reaper", "-h"}, {"serve", "-h"}, {"migrate", "-h"}, {"migrate", "status", "-h"},
+		{"locks", "-h"}, {"watch", "-h"}, {"seed", "-h"}, {"version", "-h"}, {"lock", "-h"},
+		{"lock", "--key", "k", "--help"},
+	} {
+		code, out, errs := runCLI(t, map[string]string{}, args...)
+		require.Equal(t, 0, code, "%v: %s", args, errs)
+		require.Contains(t, out, "usage: coordinator", args)
+	}
+	code, out, _ := runCLI(t, map[string]string{}, "run", "billrun", "-h")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "-period string")
+	require.Contains(t, out, "-lock-wait-time duration")
+	require.Contains(t, out, "(default 5s)", "typed flags show their defaults")
+	require.Less(t, strings.Index(out, "-period"), strings.Index(out, "configuration flags"), "the command's own flags come first")
+	code, out, _ = runCLI(t, map[string]string{}, "--version")
+	require.Equal(t, 0, code)
+	require.True(t, strings.HasPrefix(out, "coordinator "), out)
+	code, out2, _ := runCLI(t, map[string]string{}, "version")
+	require.Equal(t, 0, code)
+	require.Equal(t, out, out2)
+	code, _, errs := runCLI(t, map[string]string{}, "run", "nope")
+	require.Equal(t, job.ExitUsage, code)
+	require.Contains(t, errs, `unknown kind "nope"`)
+}
