@@ -8,6 +8,7 @@ import (
 	"github.com/telco-platform/coordinator/internal/billrun"
 	"github.com/telco-platform/coordinator/internal/msisdnreaper"
 	"github.com/telco-platform/coordinator/internal/owned"
+	"github.com/telco-platform/coordinator/internal/replenish"
 )
 
 // Builtin returns the kinds, in the order of help, topics and routes.
@@ -15,6 +16,7 @@ func Builtin() []owned.Kind {
 	return []owned.Kind{
 		billrun.New(billrun.Config{}),
 		msisdnreaper.NewSweepKind(msisdnreaper.Config{}),
+		replenish.Kind{},
 	}
 }
 
