@@ -15,7 +15,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -34,22 +33,8 @@ import (
 	"github.com/telco-platform/coordinator/internal/topics"
 )
 
-var binary string
-
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "coordinator-e2e-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e:", err)
-		os.Exit(1)
-	}
-	binary = filepath.Join(dir, "coordinator")
-	build := exec.Command("go", "build", "-tags", "testhooks", "-o", binary, "github.com/telco-platform/coordinator/cmd/coordinator")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "e2e: go build: %v\n%s", err, out)
-		_ = os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { _ = os.RemoveAll(dir) }))
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { testenv.RemoveBinaries() }))
 }
 
 // deployment is one isolated coordinator installation: its own Postgres
@@ -172,7 +157,7 @@ func (d *deployment) start(id string, extra map[string]string, args ...string) *
 	for k, v := range extra {
 		env = append(env, k+"="+v)
 	}
-	cmd := exec.Command(binary, append([]string{"serve"}, args...)...)
+	cmd := exec.Command(testenv.CoordinatorBinary(t), append([]string{"serve"}, args...)...)
 	cmd.Env = env
 	// A replica dies with the test binary, even one killed by a timeout.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

@@ -20,7 +20,9 @@ import (
 	"github.com/telco-platform/coordinator/internal/testenv"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { cleanupBinary() })) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { testenv.RemoveBinaries() }))
+}
 
 func decode(t *testing.T, body string, strict bool) (owned.Params, error) {
 	t.Helper()

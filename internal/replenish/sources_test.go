@@ -4,14 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -234,7 +231,7 @@ func TestReplenishOverHTTP(t *testing.T) {
 func TestReplenishFromTheCLI(t *testing.T) {
 	t.Parallel()
 	d := newDeployment(t)
-	bin := coordinatorBinary(t)
+	bin := testenv.CoordinatorBinary(t)
 
 	out, errs, code := d.cli(t, bin, "run", "replenish", "--first", "447700300000", "--count", "20", "--request-id", "cli-1")
 	require.Equal(t, job.ExitOK, code, errs)
@@ -290,35 +287,4 @@ func (d *deployment) cli(t *testing.T, bin string, args ...string) (stdout, stde
 		t.Fatalf("coordinator %v: %v", args, err)
 	}
 	return out.String(), errb.String(), code
-}
-
-var (
-	binOnce sync.Once
-	binDir  string
-	binPath string
-	binErr  error
-)
-
-// coordinatorBinary builds ./cmd/coordinator once per test binary.
-func coordinatorBinary(t *testing.T) string {
-	t.Helper()
-	binOnce.Do(func() {
-		if binDir, binErr = os.MkdirTemp("", "replenish-bin-"); binErr != nil {
-			return
-		}
-		binPath = filepath.Join(binDir, "coordinator")
-		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/coordinator")
-		cmd.Dir = filepath.Join("..", "..")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			binErr = fmt.Errorf("go build ./cmd/coordinator: %v: %s", err, out)
-		}
-	})
-	require.NoError(t, binErr)
-	return binPath
-}
-
-func cleanupBinary() {
-	if binDir != "" {
-		_ = os.RemoveAll(binDir)
-	}
 }
