@@ -54,8 +54,9 @@ type Config struct {
 	// MinHold keeps the lock at least this long after it was taken, even
 	// when the sweep finished sooner (ShedLock's lockAtLeastFor), so that
 	// replicas whose ticks are skewed by less than MinHold do not sweep in
-	// turn. Sweep then returns at once and the lock is deleted by a timer at
-	// acquired + MinHold (or expires, if the process ends first).
+	// turn. The run then returns at once and the template deletes the lock
+	// by timer at acquired + MinHold (or it expires, if the process ends
+	// first).
 	// Default 0 (release at once); COORDINATOR_REAPER_MIN_HOLD defaults to
 	// half the schedule interval.
 	MinHold time.Duration
