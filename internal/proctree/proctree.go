@@ -209,6 +209,16 @@ func (t *Tree) reap() (empty bool) {
 	}
 }
 
+// ContinueStopped sends SIGCONT to every descendant that is stopped, so that
+// a SIGTERM sent to it can be handled; running ones are left alone.
+func (t *Tree) ContinueStopped() {
+	for _, pid := range liveDescendants(t.self) {
+		if st, ok := readStat(pid); ok && (st.state == 'T' || st.state == 't') {
+			signalPid(t.self, pid, syscall.SIGCONT)
+		}
+	}
+}
+
 // Pid is the command's pid, which is also its process group id.
 func (t *Tree) Pid() int { return t.pid }
 
