@@ -262,7 +262,7 @@ func runLock(ctx context.Context, cio cliIO, args []string) int {
 
 	r := &lockRun{
 		log: log, key: a.key, lease: lease, ttl: ttl, watchdog: watchdog, grace: grace,
-		sigs: sigs, term: controllingTerminal(cio.stdin),
+		sigs: sigs, term: controllingTerminal(cio),
 	}
 	if p, ok := locker.(interface {
 		LockTTL(ctx context.Context, key string, fence int64) (time.Duration, bool, error)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"io"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -19,13 +18,21 @@ type terminal struct {
 	mirrorStops bool
 }
 
-// controllingTerminal returns stdin as our controlling terminal, or nil when
-// it is not one (a pipe, a file, another session's terminal).
-func controllingTerminal(stdin io.Reader) *terminal {
-	f, ok := stdin.(*os.File)
-	if !ok {
-		return nil
+// controllingTerminal returns the first of cio's streams that is our
+// controlling terminal, or nil when none is (pipes, files, another session's
+// terminal).
+func controllingTerminal(cio cliIO) *terminal {
+	for _, s := range []any{cio.stdin, cio.stdout, cio.stderr} {
+		if f, ok := s.(*os.File); ok {
+			if t := asTerminal(f); t != nil {
+				return t
+			}
+		}
 	}
+	return nil
+}
+
+func asTerminal(f *os.File) *terminal {
 	fd := int(f.Fd())
 	sid, err := unix.IoctlGetInt(fd, unix.TIOCGSID)
 	if err != nil {
