@@ -77,12 +77,15 @@ func BenchmarkAcquireRelease(b *testing.B) {
 				// them: separates the scripts' cost from the Locker's.
 				scripts := func(key string) error {
 					tok := "s" + strconv.FormatInt(seq.Add(1), 10)
-					keys := []string{l.lockKey(key), l.fenceKey(key)}
-					res, err := acquireScript.Run(ctx, raw, keys, tok, "bench", 30000, "x").Slice()
+					queue, tickets := l.queueKeys(key)
+					res, err := acquireScript.Run(ctx, raw, []string{l.lockKey(key), l.fenceKey(key), queue, tickets},
+						tok, "bench", 30000, "x", 0, queueMS, "0").Slice()
 					if err != nil {
 						return err
 					}
-					return releaseScript.Run(ctx, raw, []string{l.lockKey(key), l.channel(key)}, tok, res[1], "x", handoffMS).Err()
+					fence, _ := res[1].(int64)
+					return releaseScript.Run(ctx, raw, []string{l.lockKey(key), queue, tickets, l.endedKey(key, fence)},
+						tok, fence, endedMS, handoffMS, l.cfg.Prefix, key).Err()
 				}
 				// Warm all (connections, script cache).
 				for w := range g {
