@@ -299,3 +299,42 @@ func waitFor(t testing.TB, within time.Duration, what string, cond func(ctx cont
 		time.Sleep(50 * time.Millisecond) // polling a server's state, bounded by the deadline
 	}
 }
+
+// CutReplication makes the master's next writes miss the replica for good
+// when the master dies: the replica is paused, and the master writes junk
+// until the replication stream backs up into the master's own output buffer
+// (the kernel's socket buffers are full). Whatever is written next waits in
+// that buffer, and a killed master takes it along. Resume the replica with
+// Replica.Resume.
+func (s *RedisSentinelSet) CutReplication(t testing.TB) {
+	t.Helper()
+	s.Replica.Pause()
+	c := redis.NewClient(&redis.Options{Addr: s.Master.Addr()})
+	defer c.Close()
+	ctx := context.Background()
+	junk := strings.Repeat("x", 1<<20)
+	for i := range 256 {
+		if err := c.Set(ctx, "testenv:junk:"+strconv.Itoa(i), junk, 0).Err(); err != nil {
+			t.Fatalf("testenv: cut replication: %v", err)
+		}
+		list, err := c.Do(ctx, "client", "list", "type", "replica").Text()
+		if err != nil {
+			t.Fatalf("testenv: cut replication: %v", err)
+		}
+		if omem := clientField(list, "omem"); omem >= 1<<20 {
+			return
+		}
+	}
+	t.Fatal("testenv: cut replication: the replication stream never backed up")
+}
+
+// clientField reads a numeric field (name=N) of the first CLIENT LIST line.
+func clientField(list, name string) int64 {
+	for _, f := range strings.Fields(list) {
+		if v, ok := strings.CutPrefix(f, name+"="); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return -1
+}

@@ -274,3 +274,29 @@ func TestConfigValidation(t *testing.T) {
 	_, err = redislock.New(c, redislock.Config{Owner: "a", WatchdogTimeout: time.Millisecond})
 	require.ErrorContains(t, err, "WatchdogTimeout")
 }
+
+// A Redis whose eviction policy can evict lock keys (maxmemory set, any
+// policy but noeviction) is refused: Acquire fails closed, naming the
+// setting, because an evicted lock lets a second holder in.
+func TestEvictingRedisIsRefused(t *testing.T) {
+	t.Parallel()
+	for policy, refused := range map[string]bool{"allkeys-lru": true, "volatile-ttl": true, "noeviction": false} {
+		t.Run(policy, func(t *testing.T) {
+			t.Parallel()
+			srv := testenv.StartRedisServerWith(t, testenv.RedisServerOptions{Args: []string{"--maxmemory", "64mb", "--maxmemory-policy", policy}})
+			l := newLocker(t, srv.URL(), redislock.ModeSingle, "ev", ownershipOptions("a", time.Second, 3*time.Second))
+			le, err := l.Acquire(context.Background(), "k", 0)
+			if !refused {
+				require.NoError(t, err)
+				require.NoError(t, le.Release(context.Background()))
+				return
+			}
+			require.ErrorIs(t, err, ownership.ErrUnavailable)
+			require.ErrorIs(t, err, redislock.ErrUnsafeEviction)
+			require.ErrorContains(t, err, "maxmemory-policy "+policy)
+			n, err := srv.Client(t).Exists(context.Background(), "ev:{k}:lock").Result()
+			require.NoError(t, err)
+			require.Zero(t, n, "nothing was written")
+		})
+	}
+}
