@@ -186,15 +186,20 @@ func Redis(t testing.TB) *RedisEnv {
 	}
 	prefix := UniqueName("t")
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		iter := c.Scan(ctx, 0, prefix+":*", 1000).Iterator()
-		for iter.Next(ctx) {
-			c.Del(ctx, iter.Val())
-		}
+		deletePrefix(c, prefix)
 		_ = c.Close()
 	})
 	return &RedisEnv{URL: raw, Client: c, Prefix: prefix}
+}
+
+// deletePrefix deletes every key under prefix (a test's own), bounded.
+func deletePrefix(c *redis.Client, prefix string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	iter := c.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+	for iter.Next(ctx) {
+		c.Del(ctx, iter.Val())
+	}
 }
 
 // RedisClusterAddrs returns the seed addresses of a 3-master Redis Cluster.
@@ -237,12 +242,7 @@ func RedisSentinel(t testing.TB) *RedisSentinelEnv {
 	}
 	prefix := UniqueName("t")
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		iter := c.Scan(ctx, 0, prefix+":*", 1000).Iterator()
-		for iter.Next(ctx) {
-			c.Del(ctx, iter.Val())
-		}
+		deletePrefix(c, prefix)
 		_ = c.Close()
 	})
 	return &RedisSentinelEnv{URL: "redis://" + addrs + "/0?master_name=" + name, Client: c, Prefix: prefix}

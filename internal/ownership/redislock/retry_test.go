@@ -32,15 +32,17 @@ type stallHook struct {
 	srv    *testenv.RedisServer
 	script string
 
-	mu    sync.Mutex
-	armed bool
-	done  chan struct{} // closed when the stalled command returned
-	took  time.Duration
-	err   error
+	mu      sync.Mutex
+	armed   bool
+	stall   time.Duration
+	started chan struct{} // closed once the server is stalled and the command is on its way
+	done    chan struct{} // closed when the stalled command returned
+	took    time.Duration
+	err     error
 }
 
 func newStallHook(t *testing.T, srv *testenv.RedisServer) *stallHook {
-	return &stallHook{t: t, srv: srv, done: make(chan struct{})}
+	return &stallHook{t: t, srv: srv, stall: stallFor, started: make(chan struct{}), done: make(chan struct{})}
 }
 
 // arm makes the next command running script stall the server first.
@@ -66,7 +68,8 @@ func (h *stallHook) fire(cmds []redis.Cmder) bool {
 }
 
 func (h *stallHook) run(send func() error) error {
-	stalled := h.srv.Stall(h.t, stallFor)
+	stalled := h.srv.Stall(h.t, h.stall)
+	close(h.started)
 	start := time.Now()
 	err := send()
 	h.took, h.err = time.Since(start), err
@@ -179,6 +182,102 @@ func (w *retryWorld) holds(t *testing.T) string {
 	v, err := w.admin.HGet(context.Background(), w.lockKey, "holds").Result()
 	require.NoError(t, err)
 	return v
+}
+
+// A release whose context ends while a renewal batch is stuck in a stalled
+// Redis returns by its context instead of waiting for the batch, and the lock
+// it could not delete is deleted by token once Redis answers again.
+func TestReleaseDoesNotWaitOutAStalledRenewal(t *testing.T) {
+	t.Parallel()
+	w := retrySetup(t, 9*time.Second)
+	ctx := context.Background()
+	w.hook.arm("renew")
+	le, err := w.a.Acquire(ctx, w.key, 0)
+	require.NoError(t, err)
+	<-w.hook.started // the first renewal (at 3s) is stuck behind DEBUG SLEEP 3
+	rctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err = le.Release(rctx)
+	took := time.Since(start)
+	require.ErrorIs(t, err, ownership.ErrUnavailable, "Redis is stalled: the release cannot have run")
+	require.Less(t, took, stallFor-time.Second, "Release waited for the stalled renewal batch, not for its context")
+	w.hook.wait()
+	w.cleanedUp(t)
+}
+
+// holdReplyHook lets the first renewal run in Redis on time, but keeps its
+// reply from the Locker until release is closed: a reply that arrives after
+// the holder's trust deadline (a slow return path, a paused client).
+type holdReplyHook struct {
+	lockKey string
+	once    sync.Once
+	ran     chan struct{}
+	release chan struct{}
+}
+
+func (h *holdReplyHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *holdReplyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *holdReplyHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, c := range cmds {
+			if redislock.ScriptName(c) == "renew" {
+				h.once.Do(func() { close(h.ran); <-h.release })
+				break
+			}
+		}
+		return err
+	}
+}
+
+// A renewal whose reply lands after the holder's trust deadline extended a
+// lock nobody holds any more: it is deleted by token, instead of living for
+// the TTL the renewal set.
+func TestLateRenewalIsCleanedUp(t *testing.T) {
+	t.Parallel()
+	// TTL 9s: the renewal runs at 3s and sets the lock to live until 12s;
+	// the holder, never told, stops trusting at 8.55s.
+	const ttl = 9 * time.Second
+	srv := startThrowaway(t)
+	ctx := context.Background()
+	client, err := redislock.NewClient(srv.URL(), redislock.ModeSingle)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = client.Close() })
+	h := &holdReplyHook{ran: make(chan struct{}), release: make(chan struct{})}
+	client.AddHook(h)
+	l, err := redislock.New(client, redislock.Config{Prefix: "late", Owner: "a", WatchdogTimeout: ttl})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	t.Cleanup(func() { h.once.Do(func() {}); closeOnce(h.release) })
+	admin := srv.Client(t)
+	require.NoError(t, redislock.LoadScripts(ctx, admin)) // the renewal is one EVALSHA, no NOSCRIPT round
+
+	le, err := l.Acquire(ctx, "k", 0)
+	require.NoError(t, err)
+	<-h.ran
+	select {
+	case <-le.Done():
+	case <-time.After(2 * ttl):
+		t.Fatal("the lease outlived its trust deadline")
+	}
+	lost := time.Now()
+	require.ErrorIs(t, le.Err(), ownership.ErrLeaseLost)
+	closeOnce(h.release) // the late "renewed" reply arrives now
+	// The renewal set the lock to live until ~12s; it must go well before.
+	require.Eventually(t, func() bool {
+		_, err := admin.HGet(ctx, "late:{k}:lock", "owner").Result()
+		return err == redis.Nil
+	}, 2*time.Second, 10*time.Millisecond, "a lock extended for nobody was left for its TTL")
+	t.Logf("deleted %s after the trust deadline", time.Since(lost))
+}
+
+func closeOnce(ch chan struct{}) {
+	select {
+	case <-ch:
+	default:
+		close(ch)
+	}
 }
 
 func TestRetriedScripts(t *testing.T) {
