@@ -123,8 +123,9 @@
 //   - A Release whose context ends while a renewal batch is in flight does
 //     not wait for it; a Release that fails leaves its lock to be deleted by
 //     token in the background (the TTL is the backstop).
-//   - Locker.Close: every lease still held is lost (Done closes) and its lock
-//     is deleted by token as above; Close waits for that (bounded).
+//   - Locker.Close: every lease still held is lost (Done closes); the locks
+//     in Redis are not deleted and expire on their own (a caller may keep a
+//     lock past its process on purpose, as the reaper's minimum hold does).
 //   - A bad key (empty, over MaxKeyLength, outside [A-Za-z0-9._:/-]):
 //     ErrInvalidKey, before any backend call.
 //

@@ -470,6 +470,7 @@ func (l *Locker) grant(ctx context.Context, key, token string, fence int64, watc
 	l.mu.Unlock()
 	l.m.Held()
 	if closed {
+		// Acquired while the Locker closed: nobody will hold it.
 		l.lose(t, "locker closed", true)
 	}
 	return lease
@@ -609,10 +610,10 @@ func (l *Locker) background(fn func()) {
 	}()
 }
 
-// Close loses every lease still held (their Done closes; their locks are
-// deleted by token once the holders had their safety margin to stop, best
-// effort), stops the renewal loop and the subscription, and waits for them.
-// Safe to call twice. It does not close the client.
+// Close loses every lease still held (their Done closes; the locks in Redis
+// are not deleted and expire on their own), stops the renewal loop and the
+// subscription, waits for them and for pending best-effort clean-ups. Safe
+// to call twice. It does not close the client.
 func (l *Locker) Close() error {
 	l.mu.Lock()
 	l.closed = true
@@ -622,7 +623,9 @@ func (l *Locker) Close() error {
 	}
 	l.mu.Unlock()
 	for _, t := range terms {
-		l.lose(t, "locker closed", true)
+		// Not deleted: a caller may keep a lock past its process on purpose
+		// (the reaper's minimum hold); the TTL ends it.
+		l.lose(t, "locker closed", false)
 	}
 	l.closeOnce.Do(func() {
 		close(l.stop)
