@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/telco-platform/coordinator/internal/billrun"
+	"github.com/telco-platform/coordinator/internal/owned"
 	"github.com/telco-platform/coordinator/internal/ownership"
 	"github.com/telco-platform/coordinator/internal/ownership/redislock"
 	"github.com/telco-platform/coordinator/internal/testenv"
@@ -43,9 +44,9 @@ func TestFailoverLosingTheLockCannotLetTheStaleHolderClaim(t *testing.T) {
 
 	set.CutReplication(t)
 	paused := &pausingLocker{Locker: lockA, acquired: make(chan ownership.Lease, 1), resume: make(chan struct{})}
-	staleDone := make(chan *billrun.Claimed, 1)
+	staleDone := make(chan *owned.Owned, 1)
 	go func() {
-		c, _ := b.runnerWith(paused, billrun.Config{}).Claim(ctx, period, trig())
+		c, _ := b.runnerWith(paused, "", billrun.Config{}).Claim(ctx, period, trig())
 		staleDone <- c
 	}()
 	var stale ownership.Lease
@@ -59,13 +60,15 @@ func TestFailoverLosingTheLockCannotLetTheStaleHolderClaim(t *testing.T) {
 	set.Replica.Resume()
 	set.WaitMaster(t, set.Replica.Addr(), 30*time.Second)
 
-	var fresh *billrun.Claimed
+	var fresh *owned.Owned
 	require.Eventually(t, func() bool {
-		c, _ := b.runnerWith(lockB, billrun.Config{}).Claim(ctx, period, trig())
+		c, _ := b.runnerWith(lockB, "", billrun.Config{}).Claim(ctx, period, trig())
 		fresh = c
 		return c != nil
 	}, 20*time.Second, 100*time.Millisecond, "replica B could not take the lost lock on the promoted replica")
-	require.Greater(t, fresh.LockFence(), stale.Fence(), "the fence must rise across the failover")
+	claimed, err := b.runner(billrun.Config{}).Status(ctx, period)
+	require.NoError(t, err)
+	require.Greater(t, claimed.LockFence, stale.Fence(), "the fence must rise across the failover")
 	require.NoError(t, stale.Err(), "A still believes it holds the lock (its next renewal is seconds away)")
 
 	close(paused.resume)
@@ -73,7 +76,7 @@ func TestFailoverLosingTheLockCannotLetTheStaleHolderClaim(t *testing.T) {
 	st, err := b.runner(billrun.Config{}).Status(ctx, period)
 	require.NoError(t, err)
 	require.Equal(t, "replica-b", st.Owner)
-	require.Equal(t, fresh.LockFence(), st.LockFence)
+	require.Equal(t, claimed.LockFence, st.LockFence)
 
 	res := fresh.Execute(ctx)
 	require.Equal(t, "completed", string(res.Outcome), res.Error)

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/telco-platform/coordinator/internal/billrun"
+	"github.com/telco-platform/coordinator/internal/owned"
 	"github.com/telco-platform/coordinator/internal/ownership"
 )
 
@@ -38,9 +39,9 @@ func TestClaimRefusesAnOlderLockFence(t *testing.T) {
 	ctx := context.Background()
 
 	paused := &pausingLocker{Locker: b.locker, acquired: make(chan ownership.Lease, 1), resume: make(chan struct{})}
-	staleDone := make(chan *billrun.Claimed, 1)
+	staleDone := make(chan *owned.Owned, 1)
 	go func() {
-		c, _ := b.runnerWith(paused, billrun.Config{}).Claim(ctx, period, trig())
+		c, _ := b.runnerWith(paused, "", billrun.Config{}).Claim(ctx, period, trig())
 		staleDone <- c
 	}()
 	stale := <-paused.acquired
@@ -49,9 +50,11 @@ func TestClaimRefusesAnOlderLockFence(t *testing.T) {
 	// with a higher fence, and claims.
 	other := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "replica-b"})
 	defer other.Close()
-	fresh, res := b.runnerWith(other, billrun.Config{}).Claim(ctx, period, trig())
+	fresh, res := b.runnerWith(other, "", billrun.Config{}).Claim(ctx, period, trig())
 	require.NotNil(t, fresh, res.Error)
-	require.Greater(t, fresh.LockFence(), stale.Fence())
+	claimed, err := b.runner(billrun.Config{}).Status(ctx, period)
+	require.NoError(t, err)
+	require.Greater(t, claimed.LockFence, stale.Fence())
 
 	close(paused.resume) // A wakes and claims with its older lock fence
 	staleClaim := <-staleDone
@@ -59,7 +62,7 @@ func TestClaimRefusesAnOlderLockFence(t *testing.T) {
 	st, err := b.runner(billrun.Config{}).Status(ctx, period)
 	require.NoError(t, err)
 	require.Equal(t, "replica-b", st.Owner)
-	require.Equal(t, fresh.LockFence(), st.LockFence)
+	require.Equal(t, claimed.LockFence, st.LockFence, "the row still carries the newer holder's lock fence")
 
 	res = fresh.Execute(ctx)
 	require.Equal(t, "completed", string(res.Outcome), res.Error)
