@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"time"
@@ -21,7 +22,9 @@ import (
 // COORDINATOR_LOCK_ENABLED=false, the in-memory Locker (single-replica mode,
 // loudly logged). Closing the Locker also closes its Redis client. The
 // returned Locker is also an ownership.Inspector; the Redis one has
-// Ping(ctx) error for readiness.
+// Ping(ctx) error for readiness. A Redis whose eviction policy can evict
+// lock keys is refused (an evicted lock lets a second holder in); one that
+// does not answer yet only logs, and acquisitions fail closed until it does.
 func openLocker(ctx context.Context, cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (ownership.Locker, error) {
 	metrics := ownership.NewMetrics(reg)
 	if !cfg.LockEnabled {
@@ -39,15 +42,22 @@ func openLocker(ctx context.Context, cfg config.Config, log *slog.Logger, reg pr
 	l, err := redislock.New(client, redislock.Config{
 		Prefix: cfg.LockKeyPrefix, Owner: cfg.ReplicaID, WaitTime: cfg.LockWaitTime,
 		WatchdogTimeout: cfg.LockWatchdogTimeout, Logger: log, Metrics: metrics,
+		WaitReplicas: cfg.LockWaitReplicas, ReplicaTimeout: cfg.LockWaitReplicasTimeout,
 	})
 	if err != nil {
 		_ = client.Close()
 		return nil, err
 	}
-	pingCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	checkCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if err := l.Ping(pingCtx); err != nil {
-		// Not fatal: acquisitions fail closed until Redis answers.
+	switch err := l.CheckServer(checkCtx); {
+	case errors.Is(err, redislock.ErrUnsafeEviction):
+		_ = l.Close()
+		_ = client.Close()
+		return nil, fmt.Errorf("COORDINATOR_LOCK_REDIS_URL: %w", err)
+	case err != nil:
+		// Not fatal: acquisitions fail closed until Redis answers (and are
+		// refused then, if its eviction policy turns out unsafe).
 		log.Warn("lock_backend_unreachable", "mode", cfg.LockRedisMode, "error", err)
 	}
 	return &clientLocker{Locker: l, client: client, prefix: cmp.Or(cfg.LockKeyPrefix, "coordinator")}, nil
