@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -35,6 +36,7 @@ import (
 	"github.com/telco-platform/coordinator/internal/eventsink"
 	"github.com/telco-platform/coordinator/internal/httpapi"
 	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/kafkaconn"
 	"github.com/telco-platform/coordinator/internal/migrate"
 	"github.com/telco-platform/coordinator/internal/msisdnreaper"
 	"github.com/telco-platform/coordinator/internal/ownership"
@@ -175,10 +177,16 @@ func (r *Replica) Start(ctx context.Context) error {
 	}
 	r.locker = locker
 
+	// Every Kafka client of the replica (event sink, topic admin, trigger
+	// consumer and its DLQ producer) dials with the same TLS and SASL options.
+	kafkaOpts, err := kafkaconn.Options(cfg)
+	if err != nil {
+		return &StartError{Step: "kafka", Code: job.ExitUsage, Err: err}
+	}
 	sink, err := eventsink.New(eventsink.Config{
 		Brokers: cfg.KafkaBrokers, Topic: r.names.Events, Log: log,
 		Metrics:    eventsink.NewMetrics(r.reg),
-		ClientOpts: []kgo.Opt{kgo.ClientID("coordinator-events-" + cfg.ReplicaID)},
+		ClientOpts: append([]kgo.Opt{kgo.ClientID("coordinator-events-" + cfg.ReplicaID)}, kafkaOpts...),
 	})
 	if err != nil {
 		return &StartError{Step: "event_sink", Code: job.ExitFailed, Err: err}
@@ -193,12 +201,15 @@ func (r *Replica) Start(ctx context.Context) error {
 	}
 	r.emit = emit
 
-	adm, err := topics.Dial(cfg.KafkaBrokers, kgo.ClientID("coordinator-admin-"+cfg.ReplicaID))
+	adm, err := topics.Dial(cfg.KafkaBrokers, append([]kgo.Opt{kgo.ClientID("coordinator-admin-" + cfg.ReplicaID)}, kafkaOpts...)...)
 	if err != nil {
 		return &StartError{Step: "kafka_admin", Code: job.ExitFailed, Err: err}
 	}
 	r.adm = adm
-	if err := topics.Ensure(stepCtx, adm, r.names, cfg.KafkaCreateTopics); err != nil {
+	if err := topics.Ensure(stepCtx, adm, r.names, cfg.KafkaCreateTopics); kafkaconn.Fatal(err) {
+		// Rejected credentials or certificates do not heal by retrying.
+		return &StartError{Step: "kafka", Code: job.ExitUnavailable, Err: kafkaconn.Classify(err)}
+	} else if err != nil {
 		// Not fatal: readiness names the missing topics until they exist.
 		log.Error("topics_not_ready", "create", cfg.KafkaCreateTopics, "error", err)
 	}
@@ -229,7 +240,7 @@ func (r *Replica) Start(ctx context.Context) error {
 	r.disp = trigger.NewDispatcher(trigger.DispatcherConfig{BillRuns: r.runner, Sweeper: sweeper, Log: log, Metrics: tm, Replica: cfg.ReplicaID})
 
 	kcfg := trigger.KafkaConfig{Brokers: cfg.KafkaBrokers, Group: cfg.KafkaGroup, Topics: r.names, Replica: cfg.ReplicaID,
-		DrainTimeout: cfg.ShutdownTimeout}
+		DrainTimeout: cfg.ShutdownTimeout, ClientOpts: slices.Clip(kafkaOpts)}
 	if st := r.rc.SessionTimeout; st > 0 {
 		kcfg.ClientOpts = append(kcfg.ClientOpts, kgo.SessionTimeout(st), kgo.HeartbeatInterval(st/6))
 	}
@@ -291,6 +302,7 @@ func (r *Replica) Start(ctx context.Context) error {
 		"version", r.rc.Version,
 		"http_addr", srv.Addr().String(),
 		"kafka_brokers", strings.Join(cfg.KafkaBrokers, ","),
+		"kafka_transport", kafkaconn.Describe(cfg),
 		"kafka_group", cfg.KafkaGroup,
 		"trigger_topics", strings.Join(r.names.Triggers(), ","),
 		"events_topic", r.names.Events,
