@@ -64,7 +64,7 @@ func URL(raw string) string {
 				b.WriteByte('&')
 			}
 			key, _, hasValue := strings.Cut(pair, "=")
-			if hasValue && harmlessOptions[strings.ToLower(key)] {
+			if hasValue && harmlessOptions[key] {
 				b.WriteString(pair)
 				continue
 			}
