@@ -98,6 +98,12 @@ func postgresSchema(t testing.TB, migrated bool) *PG {
 		t.Fatalf("testenv: %s: %v", EnvDatabaseURL, err)
 	}
 	defer admin.Close()
+	// The test database is disposable by definition: mark it, so that seed
+	// and migrate down run on it without --force (scripts/services marks
+	// its databases too).
+	if err := postgres.MarkDisposable(ctx, admin, "testenv"); err != nil {
+		t.Fatalf("testenv: %s: %v", EnvDatabaseURL, err)
+	}
 	schema := UniqueName("t")
 	if _, err := admin.Exec(ctx, "create schema "+schema); err != nil {
 		t.Fatalf("testenv: create schema: %v", err)
