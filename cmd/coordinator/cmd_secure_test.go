@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/telco-platform/coordinator/internal/billrun"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/testenv"
@@ -66,7 +67,7 @@ func TestTriggerAndWatchOverSASLSSL(t *testing.T) {
 	require.Equal(t, 0, code, errs)
 	var p produced
 	require.NoError(t, json.Unmarshal([]byte(out), &p), out)
-	recs := testenv.ReadRecords(t, plain, names.BillrunRequested, 1)
+	recs := testenv.ReadRecords(t, plain, names.Topic(billrun.Topic), 1)
 	require.Contains(t, string(recs[0].Value), `"request_id":"secure-1"`)
 
 	// watch over SASL_SSL prints an event written over plaintext.
@@ -182,7 +183,7 @@ func TestServeOverSASLSSL(t *testing.T) {
 	defer cl.Close()
 	pctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	require.NoError(t, cl.ProduceSync(pctx, &kgo.Record{Topic: names.BillrunRequested, Key: []byte("x"), Value: []byte("{not json")}).FirstErr())
+	require.NoError(t, cl.ProduceSync(pctx, &kgo.Record{Topic: names.Topic(billrun.Topic), Key: []byte("x"), Value: []byte("{not json")}).FirstErr())
 	dlq := testenv.ReadRecords(t, plain, names.DLQ, 1)
 	require.Equal(t, "{not json", string(dlq[0].Value))
 	require.Contains(t, errb.String(), "kafka_transport=\"sasl_ssl/SCRAM-SHA-512 user=")
