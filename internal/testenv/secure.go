@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/hex"
 	"encoding/pem"
 	"math/big"
 	"os"
@@ -147,4 +148,12 @@ func ForeignTLS(t testing.TB) (caFile, certFile, keyFile string) {
 		return p
 	}
 	return write("ca.crt", "CERTIFICATE", caDER), write("client.crt", "CERTIFICATE", der), write("client.key", "PRIVATE KEY", keyDER)
+}
+
+// AdminToken returns a random admin token long enough for
+// COORDINATOR_ADMIN_TOKEN (64 hex characters).
+func AdminToken() string {
+	var b [32]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
