@@ -247,14 +247,14 @@ func settings() []setting {
 			}},
 		{env: "COORDINATOR_KAFKA_SASL_USERNAME", flag: "kafka-sasl-username", usage: "SASL user name", def: lit(""),
 			apply: func(c *Config, v string) error { c.KafkaSASLUsername = v; return nil }},
-		{env: "COORDINATOR_KAFKA_SASL_PASSWORD", flag: "kafka-sasl-password", usage: "SASL password (prefer the _FILE variable)", def: lit(""),
+		{env: "COORDINATOR_KAFKA_SASL_PASSWORD", flag: "kafka-sasl-password", usage: "SASL password; refused as a flag", def: lit(""),
 			apply: func(c *Config, v string) error { c.KafkaSASLPassword = v; return nil }, secret: secretOpaque,
 			file: "COORDINATOR_KAFKA_SASL_PASSWORD_FILE", cmdline: refuseOnCommandLine("COORDINATOR_KAFKA_SASL_PASSWORD")},
 		{env: "COORDINATOR_REPLICA_ID", flag: "replica-id", usage: "owner id shown in events and locks (default hostname-pid)", def: lit(""),
 			apply: func(c *Config, v string) error { c.ReplicaID = v; return checkReplicaID(v) }},
 		{env: "COORDINATOR_HTTP_ADDR", flag: "http-addr", usage: "admin API, health and metrics listener", def: lit(":8080"),
 			apply: func(c *Config, v string) error { c.HTTPAddr = v; return checkAddr(v) }},
-		{env: "COORDINATOR_ADMIN_TOKEN", flag: "admin-token", usage: "bearer token for /v1/*, at least 32 bytes (unset = 403)", def: lit(""),
+		{env: "COORDINATOR_ADMIN_TOKEN", flag: "admin-token", usage: "bearer token for /v1/*, at least 32 bytes (unset = 403); refused as a flag", def: lit(""),
 			apply: func(c *Config, v string) error { c.AdminToken = v; return checkAdminToken(v) }, secret: secretOpaque,
 			file: "COORDINATOR_ADMIN_TOKEN_FILE", cmdline: refuseOnCommandLine("COORDINATOR_ADMIN_TOKEN")},
 		{env: "COORDINATOR_REAPER_SCHEDULE", flag: "reaper-schedule", usage: "robfig/cron spec of the MSISDN reaper; empty disables", def: lit("@every 30s"),
@@ -338,7 +338,7 @@ func Bind(fs *flag.FlagSet, getenv func(string) string) *Binding {
 		b.vals = append(b.vals, &v.raw)
 		var fv *string
 		if s.file != "" {
-			fv = fs.String(s.flag+"-file", "", "file holding the "+s.usage+" (`path`, $"+s.file+")")
+			fv = fs.String(s.flag+"-file", "", "file holding the value of --"+s.flag+" (`path`, $"+s.file+")")
 		}
 		b.fileVals = append(b.fileVals, fv)
 	}
