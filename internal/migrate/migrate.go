@@ -91,15 +91,20 @@ func (m *Migrator) Status(ctx context.Context) ([]Status, error) {
 	return out, nil
 }
 
-// Pending reports how many migrations are not applied (readiness uses it).
+// Pending reports how many migrations are not applied (readiness and
+// start-up use it). It reads the version table without goose's migration
+// lock, so it answers at once while a migration runs, here or in any other
+// schema of the database (the lock is one advisory lock per database).
+// Migrations apply in order, so those above the newest applied version are
+// the pending ones.
 func (m *Migrator) Pending(ctx context.Context) (int, error) {
-	st, err := m.Status(ctx)
+	current, _, err := m.provider.GetVersions(ctx)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("migrate pending: %w", err)
 	}
 	n := 0
-	for _, s := range st {
-		if !s.Applied {
+	for _, s := range m.provider.ListSources() {
+		if s.Version > current {
 			n++
 		}
 	}

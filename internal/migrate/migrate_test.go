@@ -3,8 +3,10 @@ package migrate_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pressly/goose/v3/lock"
 	"github.com/stretchr/testify/require"
 
 	"github.com/telco-platform/coordinator/internal/migrate"
@@ -91,4 +93,35 @@ func TestContractColumnsAcceptMinimalInserts(t *testing.T) {
 	require.Error(t, err, "uidx_invoices_sub_period must reject a second invoice")
 	_, err = pg.Pool.Exec(ctx, `insert into subscribers (id, status, monthly_fee_cents) values (2, 'GONE', 1)`)
 	require.Error(t, err, "status is constrained")
+}
+
+// Readiness asks Pending on every probe. A migration running meanwhile (on
+// this schema or, since goose's lock is one advisory lock per database, on
+// any other) must not make it wait: goose retries its lock every 5s, longer
+// than a readiness check may take.
+func TestPendingDoesNotWaitForTheMigrationLock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pg := testenv.Postgres(t)
+	m, err := migrate.New(pg.Pool)
+	require.NoError(t, err)
+	defer m.Close()
+
+	// Hold goose's migration lock the way a migrating replica does.
+	conn, err := pg.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	var got bool
+	require.NoError(t, conn.QueryRow(ctx, `select pg_try_advisory_lock($1)`, lock.DefaultLockID).Scan(&got))
+	if !got { // another test's migration holds it: wait for it, as goose would
+		_, err = conn.Exec(ctx, `select pg_advisory_lock($1)`, lock.DefaultLockID)
+		require.NoError(t, err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 3*time.Second) // below goose's 5s lock retry
+	pending, err := m.Pending(pctx)
+	cancel()
+	_, unlockErr := conn.Exec(ctx, `select pg_advisory_unlock($1)`, lock.DefaultLockID)
+	require.NoError(t, unlockErr)
+	require.NoError(t, err, "Pending waited for the migration lock")
+	require.Zero(t, pending)
 }
