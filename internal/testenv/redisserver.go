@@ -3,7 +3,6 @@ package testenv
 import (
 	"context"
 	"fmt"
-	"net"
 	"os/exec"
 	"strconv"
 	"syscall"
@@ -30,16 +29,20 @@ type RedisServer struct {
 // StartRedisServer starts a throwaway redis-server and waits until it answers.
 func StartRedisServer(t testing.TB) *RedisServer {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("testenv: free port: %v", err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
-	s := &RedisServer{t: t, bin: Binary(t, EnvRedisServerBin, "/usr/bin/redis-server"), dir: t.TempDir(), port: port}
+	s := &RedisServer{t: t, bin: Binary(t, EnvRedisServerBin, "/usr/bin/redis-server"), dir: t.TempDir(), port: freeLoopbackPort(t)}
 	s.Start()
 	t.Cleanup(s.Stop)
 	return s
+}
+
+// freeLoopbackPort returns a loopback port nothing listens on right now.
+func freeLoopbackPort(t testing.TB) int {
+	t.Helper()
+	port, err := freePort()
+	if err != nil {
+		t.Fatalf("testenv: free port: %v", err)
+	}
+	return port
 }
 
 // Addr is host:port; URL is a redis:// URL for db 0.
