@@ -91,6 +91,9 @@ func (s *PostgresServer) DSN() string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", s.port)
 }
 
+// Port is the server's loopback TCP port.
+func (s *PostgresServer) Port() int { return s.port }
+
 // PID is the postmaster's process id (0 while stopped).
 func (s *PostgresServer) PID() int {
 	if s.cmd == nil {

@@ -49,6 +49,14 @@ func freeLoopbackPort(t testing.TB) int {
 func (s *RedisServer) Addr() string { return fmt.Sprintf("127.0.0.1:%d", s.port) }
 func (s *RedisServer) URL() string  { return "redis://" + s.Addr() + "/0" }
 
+// PID is the server's process id (0 while stopped).
+func (s *RedisServer) PID() int {
+	if s.cmd == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
+
 // Start (re)starts the server on its port and waits until it answers.
 func (s *RedisServer) Start() {
 	s.t.Helper()
