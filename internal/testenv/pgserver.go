@@ -1,15 +1,12 @@
 package testenv
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"os/exec"
 	"os/user"
 	"path/filepath"
 	"strconv"
-	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,6 +19,8 @@ import (
 // nothing ties the server to the test): it is stopped when the test ends,
 // and gets SIGQUIT, Postgres' immediate shutdown, if the test binary dies
 // (Pdeathsig), so a killed test run leaves no server behind.
+//
+// Start, Stop, Kill and Restart must be called from the test's goroutine.
 type PostgresServer struct {
 	t    testing.TB
 	bin  string
@@ -29,10 +28,7 @@ type PostgresServer struct {
 	data string
 	port int
 	cred *syscall.Credential // the postgres OS user when we are root
-
-	cmd  *exec.Cmd
-	done chan struct{} // closed when the postmaster exited and its output ended
-	out  *tail
+	proc *child
 }
 
 // StartPostgresServer initialises a throwaway cluster (trust auth, user
@@ -68,6 +64,7 @@ func StartPostgresServer(t testing.TB) *PostgresServer {
 
 	initdb := s.command("initdb", "-D", s.data, "-U", "postgres", "--auth=trust", "-E", "UTF8",
 		"--locale=C", "--no-sync", "--no-instructions")
+	initdb.SysProcAttr.Pdeathsig = syscall.SIGKILL
 	if out, err := initdb.CombinedOutput(); err != nil {
 		t.Fatalf("testenv: initdb: %v: %s", err, out)
 	}
@@ -76,13 +73,12 @@ func StartPostgresServer(t testing.TB) *PostgresServer {
 	return s
 }
 
-// command runs a Postgres program as the server's OS user, dying with the
-// test binary.
+// command runs a Postgres program as the server's OS user.
 func (s *PostgresServer) command(prog string, args ...string) *exec.Cmd {
 	cmd := exec.Command(filepath.Join(s.bin, prog), args...)
 	cmd.Dir = s.dir
 	cmd.Env = append(os.Environ(), "LC_ALL=C")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
 	return cmd
 }
 
@@ -96,63 +92,31 @@ func (s *PostgresServer) Port() int { return s.port }
 
 // PID is the postmaster's process id (0 while stopped).
 func (s *PostgresServer) PID() int {
-	if s.cmd == nil {
+	if s.proc == nil {
 		return 0
 	}
-	return s.cmd.Process.Pid
+	return s.proc.pid()
 }
 
 // Start (re)starts the server on its port and waits until it logs that it
 // accepts connections. Safe when already running.
 func (s *PostgresServer) Start() {
 	s.t.Helper()
-	if s.cmd != nil {
+	if s.proc != nil {
 		return
 	}
 	cmd := s.command("postgres", "-D", s.data, "-p", strconv.Itoa(s.port),
 		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
 		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
 		"-c", "lc_messages=C", "-c", "logging_collector=off")
-	// The postmaster's immediate shutdown if we die: it takes its backends
-	// down with it and removes its shared memory.
+	// If we die: the postmaster's immediate shutdown, which takes its
+	// backends down with it and removes its shared memory.
 	cmd.SysProcAttr.Pdeathsig = syscall.SIGQUIT
-	// Its output goes to a pipe we read ourselves (not cmd's copying
-	// goroutine), so Wait never waits on a backend that holds it.
-	r, w, err := os.Pipe()
+	p, err := startChild(cmd, "database system is ready to accept connections", time.Minute)
 	if err != nil {
-		s.t.Fatalf("testenv: %v", err)
+		s.t.Fatalf("testenv: postgres on port %d: %v", s.port, err)
 	}
-	cmd.Stdout, cmd.Stderr = w, w
-	err = cmd.Start()
-	_ = w.Close()
-	if err != nil {
-		_ = r.Close()
-		s.t.Fatalf("testenv: start postgres: %v", err)
-	}
-	out := &tail{ready: make(chan struct{})}
-	done := make(chan struct{})
-	read := make(chan struct{})
-	go func() {
-		defer close(read)
-		defer r.Close()
-		out.scan(r, "database system is ready to accept connections")
-	}()
-	go func() {
-		_ = cmd.Wait()
-		<-read
-		close(done)
-	}()
-	s.cmd, s.done, s.out = cmd, done, out
-
-	select {
-	case <-out.ready:
-	case <-done:
-		s.cmd = nil
-		s.t.Fatalf("testenv: postgres on port %d exited at start: %s", s.port, out.String())
-	case <-time.After(60 * time.Second):
-		s.Kill()
-		s.t.Fatalf("testenv: postgres on port %d not ready within 60s: %s", s.port, out.String())
-	}
+	s.proc = p
 }
 
 // Stop shuts the server down the way an operator's restart does (fast
@@ -172,47 +136,11 @@ func (s *PostgresServer) Restart() {
 }
 
 func (s *PostgresServer) stop(sig syscall.Signal) {
-	if s.cmd == nil {
+	if s.proc == nil {
 		return
 	}
-	_ = s.cmd.Process.Signal(sig)
-	select {
-	case <-s.done:
-	case <-time.After(30 * time.Second):
-		s.t.Logf("testenv: postgres did not stop within 30s of %s; killing it: %s", sig, s.out.String())
-		_ = s.cmd.Process.Signal(syscall.SIGKILL)
-		<-s.done
+	if err := s.proc.stop(sig, 30*time.Second); err != nil {
+		s.t.Logf("testenv: postgres on port %d: %v", s.port, err)
 	}
-	s.cmd = nil
-}
-
-// tail keeps the last lines a server printed and closes ready when a line
-// contains the marker.
-type tail struct {
-	ready chan struct{}
-	once  sync.Once
-	mu    sync.Mutex
-	lines []string
-}
-
-func (l *tail) scan(r *os.File, marker string) {
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		line := sc.Text()
-		l.mu.Lock()
-		l.lines = append(l.lines, line)
-		if len(l.lines) > 20 {
-			l.lines = l.lines[len(l.lines)-20:]
-		}
-		l.mu.Unlock()
-		if strings.Contains(line, marker) {
-			l.once.Do(func() { close(l.ready) })
-		}
-	}
-}
-
-func (l *tail) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Join(l.lines, " | ")
+	s.proc = nil
 }
