@@ -44,7 +44,11 @@ func coordinatorBinary(t *testing.T) string {
 			return
 		}
 		binPath = filepath.Join(binDir, "coordinator")
-		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/coordinator")
+		args := []string{"build", "-o", binPath}
+		if testenv.RaceEnabled {
+			args = append(args, "-race")
+		}
+		cmd := exec.Command("go", append(args, "./cmd/coordinator")...)
 		cmd.Dir = filepath.Join("..", "..")
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -130,6 +134,9 @@ func (w *world) start(t *testing.T, id string, env ...string) *replica {
 			_ = r.cmd.Process.Signal(syscall.SIGCONT)
 			_ = r.cmd.Process.Kill()
 			<-r.done
+		}
+		if strings.Contains(r.logs(), "WARNING: DATA RACE") {
+			t.Errorf("replica %s: the race detector found a data race:\n%s", id, r.logs())
 		}
 	})
 	return r

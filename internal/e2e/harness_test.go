@@ -42,7 +42,11 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binary = filepath.Join(dir, "coordinator")
-	build := exec.Command("go", "build", "-o", binary, "github.com/telco-platform/coordinator/cmd/coordinator")
+	args := []string{"build", "-o", binary}
+	if testenv.RaceEnabled {
+		args = append(args, "-race")
+	}
+	build := exec.Command("go", append(args, "github.com/telco-platform/coordinator/cmd/coordinator")...)
 	build.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if out, err := build.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "e2e: go build: %v\n%s", err, out)
@@ -200,6 +204,12 @@ func (d *deployment) start(id string, extra map[string]string, args ...string) *
 	}()
 	t.Cleanup(func() {
 		r.kill()
+		for _, l := range r.logLines() {
+			if strings.Contains(l, "WARNING: DATA RACE") {
+				t.Errorf("replica %s: the race detector found a data race (its log follows)", id)
+				break
+			}
+		}
 		if t.Failed() {
 			r.mu.Lock()
 			lines := r.lines
