@@ -47,6 +47,7 @@ func TestKilledTestBinaryLeavesNoServer(t *testing.T) {
 	require.NoError(t, os.Chmod(tmp, 0o755))
 	helper.Env = append(os.Environ(), envKilledHelper+"=1", "TMPDIR="+tmp)
 	helper.Stderr = os.Stderr
+	helper.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // and it dies with us
 	stdout, err := helper.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, helper.Start())
