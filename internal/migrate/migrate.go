@@ -23,10 +23,25 @@ type Migrator struct {
 	provider *goose.Provider
 }
 
+// Option configures New.
+type Option func(*[]lock.SessionLockerOption)
+
+// WithLockID makes the Migrator take advisory lock id while it migrates,
+// instead of goose's default, which is one lock for the whole database (so
+// migrations of different schemas wait for each other, 5s at a time). Tests
+// that migrate a schema each, many at once, give each schema its own.
+func WithLockID(id int64) Option {
+	return func(o *[]lock.SessionLockerOption) { *o = append(*o, lock.WithLockID(id)) }
+}
+
 // New wraps pool. Close the Migrator when done; the pool stays open.
-func New(pool *pgxpool.Pool) (*Migrator, error) {
+func New(pool *pgxpool.Pool, opts ...Option) (*Migrator, error) {
+	var lockOpts []lock.SessionLockerOption
+	for _, o := range opts {
+		o(&lockOpts)
+	}
 	db := stdlib.OpenDBFromPool(pool)
-	locker, err := lock.NewPostgresSessionLocker()
+	locker, err := lock.NewPostgresSessionLocker(lockOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("migrate: session locker: %w", err)
 	}

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/pressly/goose/v3/lock"
 	"github.com/stretchr/testify/require"
 
 	"github.com/telco-platform/coordinator/internal/migrate"
@@ -96,32 +95,42 @@ func TestContractColumnsAcceptMinimalInserts(t *testing.T) {
 }
 
 // Readiness asks Pending on every probe. A migration running meanwhile (on
-// this schema or, since goose's lock is one advisory lock per database, on
-// any other) must not make it wait: goose retries its lock every 5s, longer
-// than a readiness check may take.
+// this schema or, since goose's lock is by default one advisory lock per
+// database, on any other) must not make it wait: goose retries its lock
+// every 5s, longer than a readiness check may take.
 func TestPendingDoesNotWaitForTheMigrationLock(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pg := testenv.Postgres(t)
-	m, err := migrate.New(pg.Pool)
+	pg := testenv.PostgresEmpty(t)
+	// A lock id of this test's own, so holding it delays nobody else.
+	const lockID int64 = 0x636f6f7264 // "coord"
+	m, err := migrate.New(pg.Pool, migrate.WithLockID(lockID))
 	require.NoError(t, err)
 	defer m.Close()
 
-	// Hold goose's migration lock the way a migrating replica does.
+	// Hold the migration lock the way a migrating replica does.
 	conn, err := pg.Pool.Acquire(ctx)
 	require.NoError(t, err)
 	defer conn.Release()
-	var got bool
-	require.NoError(t, conn.QueryRow(ctx, `select pg_try_advisory_lock($1)`, lock.DefaultLockID).Scan(&got))
-	if !got { // another test's migration holds it: wait for it, as goose would
-		_, err = conn.Exec(ctx, `select pg_advisory_lock($1)`, lock.DefaultLockID)
-		require.NoError(t, err)
-	}
+	_, err = conn.Exec(ctx, `select pg_advisory_lock($1)`, lockID)
+	require.NoError(t, err)
 	pctx, cancel := context.WithTimeout(ctx, 3*time.Second) // below goose's 5s lock retry
 	pending, err := m.Pending(pctx)
 	cancel()
-	_, unlockErr := conn.Exec(ctx, `select pg_advisory_unlock($1)`, lock.DefaultLockID)
-	require.NoError(t, unlockErr)
 	require.NoError(t, err, "Pending waited for the migration lock")
+	require.Positive(t, pending)
+	// The lock is the one Up takes: it waits.
+	uctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	_, err = m.Up(uctx)
+	cancel()
+	require.ErrorIs(t, err, context.DeadlineExceeded, "Up must take the migration lock")
+
+	_, err = conn.Exec(ctx, `select pg_advisory_unlock($1)`, lockID)
+	require.NoError(t, err)
+	applied, err := m.Up(ctx)
+	require.NoError(t, err)
+	require.Len(t, applied, pending)
+	pending, err = m.Pending(ctx)
+	require.NoError(t, err)
 	require.Zero(t, pending)
 }
