@@ -3,6 +3,7 @@
 
 GO        ?= go
 BIN       ?= bin/coordinator
+DEMO_BIN  ?= bin/coordinator-demo
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 # The whole suite on 2 cores stays well inside this bound.
 TEST_TIMEOUT ?= 12m
@@ -37,9 +38,11 @@ services-status:
 
 ## demo: the whole mission on local defaults (see README): installs redis-server and PostgreSQL
 ## from Debian's packages when missing, then runs three replicas against a throwaway cluster.
-demo: build
+## The demo (and its in-process Kafka) is a program of its own, not part of the production binary.
+demo:
+	$(GO) build -o $(DEMO_BIN) ./cmd/coordinator-demo
 	scripts/services install redis postgres
-	$(BIN) demo $(DEMO_FLAGS)
+	$(DEMO_BIN) $(DEMO_FLAGS)
 
 ## bench: the in-repo Go benchmarks against the local services (figures go to BENCHMARKS.md by hand).
 bench: services-up

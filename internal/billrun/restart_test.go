@@ -102,8 +102,8 @@ func TestPostgresRestartMidRun(t *testing.T) {
 	t.Run("restart is retried", func(t *testing.T) {
 		hook, at4, resume := pauseAt4(t)
 		// Many tries, up to 3.2s apart: the batch outlives the restart.
-		result := run(t, period, billrun.Config{BatchSize: 100, Workers: 1, MaxBatchAttempts: 12,
-			RetryBackoff: 100 * time.Millisecond, BeforeBatch: hook}, at4)
+		result := run(t, period, billrun.WithBeforeBatch(billrun.Config{BatchSize: 100, Workers: 1, MaxBatchAttempts: 12,
+			RetryBackoff: 100 * time.Millisecond}, hook), at4)
 		// Batch 4's fence check (FOR SHARE on the bill_runs row) waits for
 		// this lock, so the restart meets a batch transaction in flight.
 		blocker, err := pool.Begin(ctx)
@@ -132,8 +132,8 @@ func TestPostgresRestartMidRun(t *testing.T) {
 		// The outage lasts until the run, its batch's tries spent, retries
 		// marking itself FAILED (which it does for up to 15s).
 		finishing := newLogSignal("billrun_retry", "step", "finish")
-		result := run(t, p, billrun.Config{BatchSize: 100, Workers: 1, MaxBatchAttempts: 2,
-			RetryBackoff: 50 * time.Millisecond, BeforeBatch: hook, Logger: slog.New(finishing)}, at4)
+		result := run(t, p, billrun.WithBeforeBatch(billrun.Config{BatchSize: 100, Workers: 1, MaxBatchAttempts: 2,
+			RetryBackoff: 50 * time.Millisecond, Logger: slog.New(finishing)}, hook), at4)
 		srv.Stop()
 		resume()
 		select {

@@ -195,17 +195,60 @@ type Binding struct {
 	vals   []*string
 }
 
-// Bind adds every configuration flag to fs. After fs.Parse, call Config.
+// Bind adds every configuration flag to fs, each with its type and its
+// default (as the environment leaves it; secrets are not shown) in -h.
+// After fs.Parse, call Config.
 func Bind(fs *flag.FlagSet, getenv func(string) string) *Binding {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
 	b := &Binding{fs: fs, getenv: getenv}
 	for _, s := range settings() {
-		b.vals = append(b.vals, fs.String(s.flag, "", s.usage+" ($"+s.env+")"))
+		typ := cmpOr(flagTypes[s.flag], "string")
+		v := &flagValue{bool: typ == "bool"}
+		if !s.secret {
+			v.raw = s.def(getenv)
+		}
+		// A back-quoted type is what -h shows after the flag's name; a bool
+		// flag takes no argument, so it shows none.
+		quoted := "`" + typ + "`"
+		if v.bool {
+			quoted = typ
+		}
+		fs.Var(v, s.flag, fmt.Sprintf("%s (%s, $%s)", s.usage, quoted, s.env))
+		v.raw = ""
+		b.vals = append(b.vals, &v.raw)
 	}
 	return b
 }
+
+// flagTypes name each flag's type in -h (string when absent); "bool" flags
+// also take no argument (--lock-enabled=false).
+var flagTypes = map[string]string{
+	"database-url": "dsn", "lock-enabled": "bool", "lock-redis-url": "url", "lock-wait-time": "duration",
+	"lock-watchdog-timeout": "duration", "kafka-brokers": "host:port,...", "kafka-create-topics": "bool",
+	"http-addr": "host:port", "reaper-schedule": "cron", "reaper-lease": "duration", "reaper-batch-size": "int",
+	"reaper-min-hold": "duration", "billrun-schedule": "cron", "billrun-batch-size": "int", "billrun-workers": "int",
+	"shutdown-timeout": "duration", "log-level": "level", "log-format": "format",
+}
+
+// flagValue keeps a flag's raw text: Config parses it with the variable's
+// own rules, so that a bad flag value is reported like a bad variable.
+type flagValue struct {
+	raw  string
+	bool bool
+}
+
+func (v *flagValue) String() string {
+	if v == nil {
+		return ""
+	}
+	return v.raw
+}
+
+func (v *flagValue) Set(s string) error { v.raw = s; return nil }
+
+func (v *flagValue) IsBoolFlag() bool { return v != nil && v.bool }
 
 // Config reads the environment, then the parsed flags (a flag wins over its
 // variable), fills defaults and validates. Nothing is contacted.
