@@ -33,7 +33,9 @@ type bundle struct {
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	pg := testenv.Postgres(t)
-	l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "replica-a", WaitTime: 50 * time.Millisecond, WatchdogTimeout: 600 * time.Millisecond})
+	// Renewed every second: a lease a run needs is lost only if renewal stalls
+	// for ~2s, which a busy machine does not do (600ms TTLs lost it at ~370ms).
+	l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "replica-a", WaitTime: 50 * time.Millisecond, WatchdogTimeout: 3 * time.Second})
 	t.Cleanup(func() { _ = l.Close() })
 	return &bundle{pool: pg.Pool, locker: l, rec: &events.Recorder{}}
 }
