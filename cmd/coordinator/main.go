@@ -36,6 +36,10 @@ type command struct {
 	// Otherwise dispatch answers -h with the summary and the configuration
 	// flags.
 	ownHelp bool
+	// ownsSignals: the command handles SIGINT and SIGTERM itself (lock
+	// forwards them to its child and must release on any path); main's
+	// cancel-then-exit handling is not installed for it.
+	ownsSignals bool
 }
 
 // cliIO is what a command may touch of the process.
@@ -55,6 +59,10 @@ func register(c command) {
 }
 
 func main() {
+	cio := cliIO{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}
+	if len(os.Args) > 1 && commands[os.Args[1]].ownsSignals {
+		os.Exit(dispatch(context.Background(), cio, os.Args[1:]))
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	go func() {
 		// The first signal cancels ctx (graceful shutdown); a second exits at once.
@@ -66,7 +74,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "coordinator: second signal, exiting now")
 		os.Exit(130)
 	}()
-	os.Exit(dispatch(ctx, cliIO{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}, os.Args[1:]))
+	os.Exit(dispatch(ctx, cio, os.Args[1:]))
 }
 
 func dispatch(ctx context.Context, cio cliIO, args []string) int {

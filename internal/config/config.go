@@ -35,6 +35,12 @@ type Config struct {
 	LockWaitTime time.Duration
 	// LockWatchdogTimeout is the TTL of watchdog-managed leases. Default 30s.
 	LockWatchdogTimeout time.Duration
+	// LockWaitReplicas is how many replicas must acknowledge (Redis WAIT) an
+	// acquisition or renewal: 0 auto (the replicas the master reports
+	// online; the default), -1 none, N > 0 that many.
+	LockWaitReplicas int
+	// LockWaitReplicasTimeout bounds each WAIT. Default 200ms.
+	LockWaitReplicasTimeout time.Duration
 
 	// KafkaBrokers are the seed brokers. Default 127.0.0.1:9092.
 	KafkaBrokers []string
@@ -118,6 +124,16 @@ func settings() []setting {
 		{env: "COORDINATOR_LOCK_WATCHDOG_TIMEOUT", flag: "lock-watchdog-timeout", usage: "TTL of watchdog-managed leases", def: lit("30s"),
 			apply: func(c *Config, v string) (err error) {
 				c.LockWatchdogTimeout, err = duration(v, 300*time.Millisecond)
+				return err
+			}},
+		{env: "COORDINATOR_LOCK_REDIS_WAIT_REPLICAS", flag: "lock-redis-wait-replicas", usage: "replicas that must acknowledge an acquisition or renewal (WAIT): auto, none or a count", def: lit("auto"),
+			apply: func(c *Config, v string) (err error) { c.LockWaitReplicas, err = waitReplicas(v); return err }},
+		{env: "COORDINATOR_LOCK_REDIS_WAIT_TIMEOUT", flag: "lock-redis-wait-timeout", usage: "bound of each WAIT for replicas", def: lit("200ms"),
+			apply: func(c *Config, v string) (err error) {
+				c.LockWaitReplicasTimeout, err = duration(v, time.Millisecond)
+				if err == nil && c.LockWaitReplicasTimeout > time.Second {
+					err = errors.New("must be at most 1s (below the Redis read timeout)")
+				}
 				return err
 			}},
 		{env: "COORDINATOR_KAFKA_BROKERS", flag: "kafka-brokers", usage: "comma-separated seed brokers", def: lit("127.0.0.1:9092"),
@@ -398,6 +414,21 @@ func checkRedisURL(v string) error {
 		return errors.New("missing host")
 	}
 	return nil
+}
+
+// waitReplicas parses auto (0), none (-1) or a count 1..16.
+func waitReplicas(v string) (int, error) {
+	switch v {
+	case "auto":
+		return 0, nil
+	case "none":
+		return -1, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > 16 {
+		return 0, errors.New("must be auto, none or a count from 1 to 16")
+	}
+	return n, nil
 }
 
 func checkPrefix(v string) error {

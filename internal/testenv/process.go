@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 )
 
@@ -112,4 +113,14 @@ func (l *tail) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return strings.Join(l.lines, " | ")
+}
+
+// freeLoopbackPort returns a loopback port nothing listens on right now.
+func freeLoopbackPort(t testing.TB) int {
+	t.Helper()
+	port, err := freePort()
+	if err != nil {
+		t.Fatalf("testenv: free port: %v", err)
+	}
+	return port
 }
