@@ -18,6 +18,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"hash/fnv"
 	"net/url"
 	"os"
 	"strings"
@@ -137,7 +138,9 @@ func postgresSchema(t testing.TB, migrated bool) *PG {
 	}
 	t.Cleanup(pool.Close)
 	if migrated {
-		m, err := migrate.New(pool)
+		// A migration lock of the schema's own: with goose's (one per
+		// database) every test migrating at the same time would wait 5s.
+		m, err := migrate.New(pool, migrate.WithLockID(lockID(schema)))
 		if err != nil {
 			t.Fatalf("testenv: %v", err)
 		}
@@ -147,6 +150,13 @@ func postgresSchema(t testing.TB, migrated bool) *PG {
 		}
 	}
 	return &PG{DSN: dsn, Pool: pool, Schema: schema, AdminDSN: base}
+}
+
+// lockID is an advisory lock id derived from a schema name.
+func lockID(schema string) int64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte("coordinator-migrate:" + schema))
+	return int64(h.Sum64())
 }
 
 // WithSearchPath returns dsn with search_path set to schema.

@@ -31,7 +31,7 @@ func newLocker(t testing.TB, url, mode, prefix string, o ownershiptest.Options) 
 	client, err := redislock.NewClient(url, mode)
 	require.NoError(t, err)
 	l, err := redislock.New(client, redislock.Config{
-		Prefix: prefix, Owner: o.Owner, WaitTime: o.WaitTime, WatchdogTimeout: o.WatchdogTimeout,
+		Prefix: prefix, Owner: o.Owner, WaitTime: o.WaitTime, WatchdogTimeout: o.WatchdogTimeout, Metrics: o.Metrics,
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() {
