@@ -106,6 +106,10 @@ type Config struct {
 	// BillrunWorkers is the batch worker pool size. Default 4.
 	BillrunWorkers int
 
+	// ProgressInterval is how often a run in flight logs its progress
+	// (<job>_progress records). Default 10s, at least 100ms.
+	ProgressInterval time.Duration
+
 	// ShutdownTimeout bounds graceful shutdown. Default 30s.
 	ShutdownTimeout time.Duration
 	// LogLevel is debug, info, warn or error. Default info.
@@ -297,6 +301,11 @@ func settings() []setting {
 			apply: func(c *Config, v string) (err error) { c.BillrunBatchSize, err = positiveInt(v, 100000); return err }},
 		{env: "COORDINATOR_BILLRUN_WORKERS", flag: "billrun-workers", usage: "concurrent batch transactions", def: lit("4"),
 			apply: func(c *Config, v string) (err error) { c.BillrunWorkers, err = positiveInt(v, 256); return err }},
+		{env: "COORDINATOR_PROGRESS_INTERVAL", flag: "progress-interval", usage: "how often a run in flight logs its progress (<job>_progress)", def: lit("10s"),
+			apply: func(c *Config, v string) (err error) {
+				c.ProgressInterval, err = duration(v, 100*time.Millisecond)
+				return err
+			}},
 		{env: "COORDINATOR_SHUTDOWN_TIMEOUT", flag: "shutdown-timeout", usage: "bound on graceful shutdown", def: lit("30s"),
 			apply: func(c *Config, v string) (err error) { c.ShutdownTimeout, err = duration(v, time.Second); return err }},
 		{env: "COORDINATOR_LOG_LEVEL", flag: "log-level", usage: "debug, info, warn or error", def: lit("info"),

@@ -49,6 +49,10 @@ type Event struct {
 	Fence     int64
 	Owner     string
 	Extra     map[string]any
+	// TraceParent and TraceState are the W3C trace context of the run the
+	// event reports (CloudEvents distributed-tracing extension); empty when
+	// the run has none (tracing off and a trigger without traceparent).
+	TraceParent, TraceState string
 }
 
 // CloudEvent is the structured-mode JSON form (CloudEvents 1.0).
@@ -61,6 +65,18 @@ type CloudEvent struct {
 	Time            time.Time      `json:"time"`
 	DataContentType string         `json:"datacontenttype"`
 	Data            map[string]any `json:"data"`
+	// TraceParent and TraceState are the distributed-tracing extension
+	// attributes.
+	TraceParent string `json:"traceparent,omitempty"`
+	TraceState  string `json:"tracestate,omitempty"`
+}
+
+// TraceID is the trace id inside a W3C traceparent ("" if malformed).
+func TraceID(traceparent string) string {
+	if len(traceparent) < 55 || traceparent[2] != '-' || traceparent[35] != '-' {
+		return ""
+	}
+	return traceparent[3:35]
 }
 
 // Cloud returns the CloudEvents form, filling ID and Time when unset.
@@ -89,6 +105,7 @@ func (e Event) Cloud() CloudEvent {
 	return CloudEvent{
 		SpecVersion: "1.0", ID: e.ID, Source: Source, Type: e.Type, Subject: e.Key,
 		Time: e.Time.UTC(), DataContentType: "application/json", Data: data,
+		TraceParent: e.TraceParent, TraceState: e.TraceState,
 	}
 }
 

@@ -47,6 +47,9 @@ func (l logEmitter) Emit(ctx context.Context, e Event) {
 	if e.Owner != "" {
 		attrs = append(attrs, slog.String("owner", e.Owner))
 	}
+	if id := TraceID(e.TraceParent); id != "" {
+		attrs = append(attrs, slog.String("trace_id", id))
+	}
 	keys := make([]string, 0, len(e.Extra))
 	for k := range e.Extra {
 		keys = append(keys, k)

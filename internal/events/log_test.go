@@ -44,3 +44,26 @@ func TestLogEmitterWritesOneStructuredLinePerEvent(t *testing.T) {
 	require.Equal(t, float64(7), second["fence"])
 	require.Equal(t, float64(12), second["freed"])
 }
+
+func TestEventsCarryTheRunsTraceContext(t *testing.T) {
+	t.Parallel()
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	e := events.Event{ID: "e1", Type: events.RunCompleted, Key: "billrun:2026-11", TraceParent: tp, TraceState: "vendor=x"}
+	b, err := json.Marshal(e)
+	require.NoError(t, err)
+	var ce map[string]any
+	require.NoError(t, json.Unmarshal(b, &ce))
+	require.Equal(t, tp, ce["traceparent"], "the CloudEvents distributed-tracing extension, a top-level attribute")
+	require.Equal(t, "vendor=x", ce["tracestate"])
+
+	b, err = json.Marshal(events.Event{ID: "e2", Type: events.RunCompleted, Key: "k"})
+	require.NoError(t, err)
+	require.NotContains(t, string(b), "traceparent", "no trace context, no extension")
+
+	var buf bytes.Buffer
+	events.NewLogEmitter(slog.New(slog.NewJSONHandler(&buf, nil))).Emit(context.Background(), e)
+	var line map[string]any
+	require.NoError(t, json.Unmarshal(buf.Bytes(), &line))
+	require.Equal(t, "4bf92f3577b34da6a3ce929d0e0e4736", line["trace_id"])
+	require.Equal(t, "", events.TraceID("garbage"))
+}

@@ -30,6 +30,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/telco-platform/coordinator/internal/events"
 )
@@ -211,8 +212,10 @@ func (k *Kafka) Start(context.Context) error {
 }
 
 // Emit encodes e as a CloudEvent and queues it. It never blocks beyond a
-// mutex: when the buffer is full the oldest waiting event is dropped.
-func (k *Kafka) Emit(_ context.Context, e events.Event) {
+// mutex: when the buffer is full the oldest waiting event is dropped. A
+// span in ctx becomes the parent of the record's publish span (kotel, when
+// tracing is on); ctx's cancellation is not the record's.
+func (k *Kafka) Emit(ctx context.Context, e events.Event) {
 	if e.ID == "" {
 		e.ID = events.NewID()
 	}
@@ -230,6 +233,9 @@ func (k *Kafka) Emit(_ context.Context, e events.Event) {
 		Key:     []byte(e.Key),
 		Value:   value,
 		Headers: []kgo.RecordHeader{{Key: "content-type", Value: []byte(ContentType)}},
+	}
+	if ctx != nil && trace.SpanContextFromContext(ctx).IsValid() {
+		rec.Context = context.WithoutCancel(ctx)
 	}
 	k.mu.Lock()
 	if k.stopped {
@@ -360,7 +366,7 @@ func (k *Kafka) promise(rec *kgo.Record, err error) {
 			k.log.Warn("event_publish_failed", "topic", rec.Topic, "lock_key", string(rec.Key), "err", err)
 		}
 		// Back to the head of the buffer, so order is kept as far as possible.
-		retry := &kgo.Record{Topic: rec.Topic, Key: rec.Key, Value: rec.Value, Headers: rec.Headers}
+		retry := &kgo.Record{Topic: rec.Topic, Key: rec.Key, Value: rec.Value, Headers: rec.Headers, Context: rec.Context}
 		if k.n+k.inflight >= k.cfg.BufferSize {
 			k.dropLocked(1, "buffer full", eventType(rec))
 		} else {

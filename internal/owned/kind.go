@@ -12,6 +12,7 @@ import (
 	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/ownership"
+	"github.com/telco-platform/coordinator/internal/telemetry"
 )
 
 // Params are one run's parameters, as a kind decoded them (a bill run's
@@ -87,6 +88,12 @@ type Deps struct {
 	Log *slog.Logger
 	// Registerer gets the kind's own metrics. Nil: not registered.
 	Registerer prometheus.Registerer
+	// Telemetry traces runs (the template's spans and the kinds'). Nil:
+	// tracing off.
+	Telemetry *telemetry.Provider
+	// Progress shows runs' progress. Nil: ProgressLog with
+	// Config.ProgressInterval (DefaultProgressInterval when zero).
+	Progress ProgressReporter
 }
 
 // Worker runs a kind's owned work in one deployment.

@@ -16,7 +16,7 @@ type metrics struct {
 	executing *prometheus.GaugeVec
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, runs *inFlight) (*metrics, error) {
 	m := &metrics{
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "coordinator_run_duration_seconds",
@@ -29,7 +29,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"job"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.duration, m.executing} {
+		for _, c := range []prometheus.Collector{m.duration, m.executing, newProgressCollector(runs)} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("owned: register metrics: %w", err)
 			}
@@ -47,5 +47,53 @@ func (m *metrics) ended(jobName string, o job.Outcome, took time.Duration) {
 func (m *metrics) running(jobName string, delta float64) {
 	if m != nil {
 		m.executing.WithLabelValues(jobName).Add(delta)
+	}
+}
+
+// progressCollector exports the progress of the runs in flight at each
+// scrape (coordinator_run_progress_*{job, key}); a run's series go when it
+// ends. Nothing is recorded on the batches' path.
+type progressCollector struct {
+	runs                                   *inFlight
+	committed, total, ratio, rowsRate, eta *prometheus.Desc
+}
+
+func newProgressCollector(runs *inFlight) *progressCollector {
+	d := func(name, help string) *prometheus.Desc { return prometheus.NewDesc(name, help, []string{"job", "key"}, nil) }
+	return &progressCollector{
+		runs:      runs,
+		committed: d("coordinator_run_progress_batches_committed", "Batches committed of the run in flight, those of earlier runs of the same work (resume) included."),
+		total:     d("coordinator_run_progress_batches_total", "Batches of the run in flight in all, as its kind counts them (0 while not known)."),
+		ratio:     d("coordinator_run_progress_ratio", "Share of the run in flight that is done (0-1); absent while its total is not known."),
+		rowsRate:  d("coordinator_run_progress_rows_per_second", "Rows per second the run in flight has committed since it began."),
+		eta:       d("coordinator_run_progress_eta_seconds", "Estimated seconds left of the run in flight, at its rate so far; absent while not known."),
+	}
+}
+
+func (c *progressCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.committed, c.total, c.ratio, c.rowsRate, c.eta} {
+		ch <- d
+	}
+}
+
+func (c *progressCollector) Collect(ch chan<- prometheus.Metric) {
+	seen := map[string]bool{}
+	for _, p := range c.runs.snapshot() {
+		if seen[p.Key] {
+			continue
+		}
+		seen[p.Key] = true
+		g := func(d *prometheus.Desc, v float64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, p.Job, p.Key)
+		}
+		g(c.committed, float64(p.BatchesCommitted))
+		g(c.total, float64(p.BatchesTotal))
+		g(c.rowsRate, p.RowsPerSecond)
+		if p.Known() {
+			g(c.ratio, p.Percent/100)
+		}
+		if p.ETA >= 0 {
+			g(c.eta, p.ETA.Seconds())
+		}
 	}
 }

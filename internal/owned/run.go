@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/ownership"
@@ -23,6 +25,14 @@ type Run struct {
 	acquired          time.Time
 	log               *slog.Logger
 	emit              events.Emitter
+
+	prog progress
+
+	// Tracing (tracing.go): the tracer (nil when off), the run's span, and
+	// the trace context every event carries.
+	tr                      trace.Tracer
+	span                    trace.Span
+	traceparent, tracestate string
 }
 
 // Job is the kind's name.
@@ -49,7 +59,8 @@ func (r *Run) Fence() int64 { return r.fence }
 // Acquired is when the lock was taken (monotonic clock).
 func (r *Run) Acquired() time.Time { return r.acquired }
 
-// Log is the run's logger (job, lock_key, request_id, trigger attached).
+// Log is the run's logger (job, lock_key, request_id, trigger attached, and
+// trace_id when the run has a trace context).
 func (r *Run) Log() *slog.Logger { return r.log }
 
 // Emit sends one event of the kind's own (billrun.invoice_conflict, say)
@@ -67,10 +78,14 @@ func (r *Run) send(ctx context.Context, typ events.Type, fence int64, owner stri
 	if r.lockFence != 0 {
 		extra["lock_fence"] = r.lockFence
 	}
-	r.emit.Emit(context.WithoutCancel(ctx), events.Event{
-		Type: typ, Key: r.key, Job: r.job, Replica: r.replica, Trigger: string(r.trigger.Source),
+	e := events.Event{
+		ID: events.NewID(), Type: typ, Key: r.key, Job: r.job, Replica: r.replica, Trigger: string(r.trigger.Source),
 		RequestID: r.trigger.RequestID, Fence: fence, Owner: owner, Extra: extra,
-	})
+		TraceParent: r.traceparent, TraceState: r.tracestate,
+	}
+	ctx, span := r.eventSpan(context.WithoutCancel(ctx), &e)
+	r.emit.Emit(ctx, e)
+	span.End()
 }
 
 // Lost reasons the template gives (data.reason of ownership.lost); kinds

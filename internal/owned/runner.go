@@ -9,6 +9,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/ownership"
@@ -29,6 +33,10 @@ type Runner struct {
 	replica string
 	log     *slog.Logger
 	m       *metrics
+
+	tracer   trace.Tracer // nil: tracing off
+	progress ProgressReporter
+	inFlight inFlight
 }
 
 // NewRunner opens every registered kind with d (nothing is contacted) and
@@ -45,7 +53,17 @@ func NewRunner(reg *Registry, d Deps, emit events.Emitter) (*Runner, error) {
 		d.Log = slog.New(slog.DiscardHandler)
 	}
 	r := &Runner{reg: reg, workers: map[string]Worker{}, locker: d.Locker, emit: emit, log: d.Log,
-		replica: d.Config.ReplicaID}
+		replica: d.Config.ReplicaID, progress: d.Progress}
+	if d.Telemetry.Enabled() {
+		r.tracer = d.Telemetry.Tracer(TracerName)
+	}
+	if r.progress == nil {
+		interval := d.Config.ProgressInterval
+		if interval == 0 {
+			interval = DefaultProgressInterval
+		}
+		r.progress = ProgressLog(interval)
+	}
 	if r.replica == "" {
 		r.replica = d.Locker.Owner()
 	}
@@ -63,7 +81,7 @@ func NewRunner(reg *Registry, d Deps, emit events.Emitter) (*Runner, error) {
 		r.workers[name] = w
 	}
 	var err error
-	if r.m, err = newMetrics(d.Registerer); err != nil {
+	if r.m, err = newMetrics(d.Registerer, &r.inFlight); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -129,6 +147,7 @@ func (r *Runner) Begin(ctx context.Context, k Kind, p Params, t job.Trigger) (*O
 		res: job.Result{Job: spec.Name, Key: key, Replica: r.replica, RequestID: t.RequestID}}
 	o.run = &Run{job: spec.Name, key: key, replica: r.replica, trigger: t, emit: r.emit,
 		log: r.log.With("job", spec.Name, "lock_key", key, "request_id", t.RequestID, "trigger", string(t.Source))}
+	o.run.startTrace(ctx, r.tracer)
 	switch {
 	case o.worker == nil:
 		return nil, o.fail(ctx, fmt.Errorf("owned: kind %q is not registered with this Runner", spec.Name))
@@ -147,11 +166,16 @@ func (r *Runner) Begin(ctx context.Context, k Kind, p Params, t job.Trigger) (*O
 		return o, o.res
 	}
 	cctx, done := o.underLease(ctx)
+	cctx, span := o.run.child(cctx, "run.claim", AttrLockFence.Int64(o.run.lockFence))
 	fence, err := c.Claim(cctx, o.run, p)
 	cause := done()
 	if err != nil {
+		span.SetAttributes(attribute.String("coordinator.claim", claimRefusal(err)))
+		span.End()
 		return nil, o.claimRefused(ctx, err, cause)
 	}
+	span.SetAttributes(AttrFence.Int64(fence))
+	span.End()
 	o.run.fence, o.res.Fence = fence, fence
 	o.run.log = o.run.log.With("fence", fence)
 	o.run.log.Info("run_claimed", "owner", r.replica, "lock_fence", o.run.lockFence)
@@ -164,11 +188,15 @@ func (o *Owned) acquire(ctx context.Context) bool {
 	if ttl > 0 && o.lease.MinHold > 0 {
 		ttl = max(ttl, holdTTL(o.lease.MinHold))
 	}
-	held, err := o.r.locker.Acquire(ctx, o.run.key, ttl)
+	actx, span := o.run.child(ctx, "lock.acquire", AttrLockKey.String(o.run.key), attribute.Int64("coordinator.lease_ms", ttl.Milliseconds()))
+	held, err := o.r.locker.Acquire(actx, o.run.key, ttl)
 	if err != nil {
+		refusedSpan(span, err)
 		o.refused(ctx, err)
 		return false
 	}
+	span.SetAttributes(AttrLockFence.Int64(held.Fence()))
+	span.End()
 	o.held = held
 	o.run.lease, o.run.acquired = held, time.Now()
 	o.run.lockFence, o.run.fence = held.Fence(), held.Fence()
@@ -241,7 +269,8 @@ func (o *Owned) claimRefused(ctx context.Context, err, cause error) job.Result {
 // ends, and with cause ErrShutdown when ctx does. done stops the link and
 // returns the cause, if any.
 func (o *Owned) underLease(ctx context.Context) (context.Context, func() error) {
-	wctx, cancel := context.WithCancelCause(o.held.Context())
+	// The lease's context has the values of Acquire's, not the run's span.
+	wctx, cancel := context.WithCancelCause(o.run.inSpan(o.held.Context()))
 	stop := context.AfterFunc(ctx, func() { cancel(ErrShutdown) })
 	return wctx, func() error {
 		stop()
@@ -263,9 +292,14 @@ func (o *Owned) Execute(ctx context.Context) job.Result {
 	}
 	o.r.m.running(o.run.job, 1)
 	defer o.r.m.running(o.run.job, -1)
+	o.run.prog.began.Store(time.Now().UnixNano())
+	o.r.inFlight.add(o.run)
+	stopProgress := o.r.progress.Track(o.run)
 	wctx, done := o.underLease(ctx)
 	rep, err := o.worker.Run(wctx, o.run, o.params)
 	cause := done()
+	stopProgress()
+	o.r.inFlight.remove(o.run)
 	return o.end(o.settle(ctx, rep, err, cause))
 }
 
@@ -343,7 +377,13 @@ func (o *Owned) release(ctx context.Context) {
 	}
 	relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ownership.ReleaseTimeout)
 	defer cancel()
-	if err := held.Release(relCtx); err != nil {
+	relCtx, span := o.run.child(relCtx, "lock.release", AttrLockKey.String(o.run.key))
+	err := held.Release(relCtx)
+	if err != nil {
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+	if err != nil {
 		if !errors.Is(err, ownership.ErrNotHeld) {
 			log.Warn("run_release_failed", "error", err)
 		}
@@ -369,7 +409,34 @@ func (o *Owned) end(outcome job.Outcome) job.Result {
 		o.run.log.Log(context.Background(), level, "run_ended", "outcome", string(outcome),
 			"duration_ms", o.res.DurationMS, "error", o.res.Error)
 	}
+	o.run.endTrace(o.res)
 	return o.res
+}
+
+// refusedSpan ends an acquire span that got no lock: already owned is an
+// answer, not an error; unavailable is.
+func refusedSpan(span trace.Span, err error) {
+	var ae *ownership.AcquireError
+	if errors.Is(err, ownership.ErrAlreadyOwned) {
+		span.SetAttributes(attribute.String("coordinator.lock_reason", string(ownership.ReasonAlreadyOwned)))
+		if errors.As(err, &ae) && ae.Owner != "" {
+			span.SetAttributes(AttrOwner.String(ae.Owner))
+		}
+	} else {
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+}
+
+// claimRefusal names why a claim was not taken, for its span.
+func claimRefusal(err error) string {
+	switch {
+	case errors.Is(err, ErrAlreadyCompleted):
+		return "already_completed"
+	case errors.Is(err, ErrLost):
+		return "lost"
+	}
+	return "failed"
 }
 
 func countsData(counts map[string]int64, data map[string]any) map[string]any {
