@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/postgres"
@@ -62,14 +65,26 @@ func (x *execution) work(ctx context.Context, cancel context.CancelCauseFunc, in
 // runBatchRetrying runs one batch, trying again after transient errors and
 // escaped unique violations up to MaxBatchAttempts. It returns errFenceLost,
 // a *batchError, or nil (committed, or the run was cancelled meanwhile).
-func (x *execution) runBatchRetrying(ctx context.Context, b batchRange, st *runState) error {
+func (x *execution) runBatchRetrying(ctx context.Context, b batchRange, st *runState) (err error) {
 	cfg := x.cfg
-	for attempt := 1; ; attempt++ {
+	ctx, span := x.batchSpan(ctx, b)
+	attempt := 1
+	defer func() { endBatchSpan(span, attempt, err) }()
+	for ; ; attempt++ {
 		out, err := x.runBatch(ctx, b, st, attempt > 1)
 		if err == nil {
 			st.committedBatch(out, cfg.ConflictSample)
 			cfg.Metrics.committed(out.created, out.subscribers-out.created)
+			x.run.Committed(1, out.subscribers)
+			if span.IsRecording() {
+				span.SetAttributes(attribute.Int64("billrun.subscribers", out.subscribers),
+					attribute.Int64("billrun.invoices_created", out.created))
+			}
 			return nil
+		}
+		if span.IsRecording() {
+			span.AddEvent("billrun.batch_attempt_failed", trace.WithAttributes(attribute.Int("billrun.attempt", attempt),
+				attribute.String("error", err.Error())))
 		}
 		if ctx.Err() != nil {
 			return nil // lost or shutdown: the transaction rolled back
@@ -108,6 +123,28 @@ func (x *execution) runBatchRetrying(ctx context.Context, b batchRange, st *runS
 			return nil
 		}
 	}
+}
+
+// batchSpan is one batch's span, billrun.batch (its SQL nests under it);
+// no cost with tracing off.
+func (x *execution) batchSpan(ctx context.Context, b batchRange) (context.Context, trace.Span) {
+	if !x.run.Tracing() {
+		return ctx, trace.SpanFromContext(context.Background())
+	}
+	return x.run.StartSpan(ctx, "billrun.batch", attribute.String("billrun.period", x.period.String()),
+		attribute.Int64("billrun.first_id", b.first), attribute.Int64("billrun.last_id", b.last),
+		attribute.Int64("billrun.planned", b.n))
+}
+
+func endBatchSpan(span trace.Span, attempts int, err error) {
+	if !span.IsRecording() {
+		return
+	}
+	span.SetAttributes(attribute.Int("billrun.attempts", attempts))
+	if err != nil {
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
 }
 
 type batchOut struct {

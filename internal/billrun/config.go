@@ -14,7 +14,8 @@ type Config struct {
 	// COORDINATOR_BILLRUN_BATCH_SIZE, default 1000.
 	BatchSize int
 	// Workers is how many batch transactions run at once. The pool needs
-	// Workers+1 connections (the planner takes one briefly).
+	// Workers+2 connections (the planner and the progress count take one
+	// briefly).
 	// COORDINATOR_BILLRUN_WORKERS, default 4.
 	Workers int
 	// MaxBatchAttempts bounds the tries of one batch that meets transient

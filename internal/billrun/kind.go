@@ -119,7 +119,7 @@ func (*Kind) LockKeyOfRecord(key []byte) (string, bool) {
 	return LockKey(p), true
 }
 
-// Open builds the Worker. The pool needs Workers+1 connections.
+// Open builds the Worker. The pool needs Workers+2 connections.
 func (k *Kind) Open(d owned.Deps) (owned.Worker, error) {
 	cfg := k.cfg
 	if cfg.BatchSize == 0 {

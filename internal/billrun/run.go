@@ -115,11 +115,16 @@ func (w *Worker) Run(ctx context.Context, run *owned.Run, params owned.Params) (
 		planned atomic.Bool // the planner walked every ACTIVE id
 	)
 	if runCtx.Err() == nil {
+		run.Resumed(int64(len(ranges)))
+		tot := x.startTotal(runCtx, &wg, int64(len(ranges)), st)
 		batches := make(chan batchRange, x.cfg.Workers)
 		wg.Go(func() {
 			defer close(batches)
 			err := x.plan(runCtx, ranges, batches, st)
 			planned.Store(err == nil)
+			if err == nil {
+				tot.exact(runCtx)
+			}
 			if err != nil && runCtx.Err() == nil {
 				cancel(fmt.Errorf("billrun: plan batches: %w", err))
 			}

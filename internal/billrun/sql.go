@@ -32,19 +32,43 @@ where r.status <> 'COMPLETED'
   and (r.lock_fence is null or r.lock_fence <= excluded.lock_fence)
 returning r.fence`
 
-// sqlStatus reads a period's row with totals summed from its committed batches.
+// sqlStatus reads a period's row with totals summed from its committed
+// batches, and for its progress: the batches and subscribers of the latest
+// claim (fence) and the seconds it has run, by the database's clock.
 const sqlStatus = `
 select r.period, r.status, coalesce(r.owner, ''), r.fence, r.lock_fence, r.attempts,
        r.started_at, r.finished_at, r.updated_at, coalesce(r.last_error, ''),
-       t.batches, t.subscribers, t.created, t.already
+       t.batches, t.subscribers, t.created, t.already,
+       r.batches_total, t.fence_batches, t.fence_subscribers,
+       coalesce(extract(epoch from coalesce(r.finished_at, clock_timestamp()) - r.started_at), 0)::float8
 from bill_runs r,
      lateral (select count(*)                           as batches,
                      coalesce(sum(b.subscribers), 0)      as subscribers,
                      coalesce(sum(b.invoices_created), 0) as created,
-                     coalesce(sum(b.already_invoiced), 0) as already
+                     coalesce(sum(b.already_invoiced), 0) as already,
+                     count(*) filter (where b.fence = r.fence)                        as fence_batches,
+                     coalesce(sum(b.subscribers) filter (where b.fence = r.fence), 0) as fence_subscribers
               from bill_run_batches b
               where b.period = r.period) t
 where r.period = $1`
+
+// sqlCountToPlan estimates what a run still has to plan: the ACTIVE
+// subscribers (index-only on subscribers_active_id; keep the predicate in
+// step with sqlNextBatch's) less those in the period's committed batches
+// (as they were counted when committed).
+//
+// $1 period.
+const sqlCountToPlan = `
+select (select count(*) from subscribers where status = 'ACTIVE')
+     - (select coalesce(sum(subscribers), 0) from bill_run_batches where period = $1)`
+
+// sqlRecordTotal stores the run's batches_total (the progress denominator)
+// while the claim is ours.
+//
+// $1 period, $2 claim fence, $3 batches in all.
+const sqlRecordTotal = `
+update bill_runs set batches_total = $3
+where period = $1 and fence = $2 and status = 'RUNNING'`
 
 // sqlCommittedRanges lists the batches already committed for a period (the
 // resume point).
@@ -137,6 +161,7 @@ set status           = $3,
     finished_at      = clock_timestamp(),
     updated_at       = clock_timestamp(),
     batches_done     = t.batches,
+    batches_total    = case when $3 = 'COMPLETED' then t.batches else r.batches_total end,
     subscribers      = t.subscribers,
     invoices_created = t.created,
     already_invoiced = t.already

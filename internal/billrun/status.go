@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -37,17 +38,67 @@ type Status struct {
 	FinishedAt *time.Time       `json:"finished_at,omitempty"`
 	UpdatedAt  time.Time        `json:"updated_at"`
 	LastError  string           `json:"last_error,omitempty"`
+	// Progress is how far the period's bill run has come.
+	Progress Progress `json:"progress"`
+}
+
+// Progress of GET /v1/billruns/{period}: every figure comes from Postgres,
+// so any replica answers alike.
+type Progress struct {
+	// BatchesCommitted counts the period's committed batches, every run's.
+	BatchesCommitted int64 `json:"batches_committed"`
+	// BatchesTotal is the run's count of batches in all (bill_runs.
+	// batches_total): an estimate as it starts (committed batches plus the
+	// ACTIVE subscribers left, in batches), exact once its plan is complete,
+	// the committed count once COMPLETED. Null while not known.
+	BatchesTotal *int64 `json:"batches_total"`
+	// Percent is BatchesCommitted of BatchesTotal (one decimal); 100 once
+	// COMPLETED; null while the total is not known.
+	Percent *float64 `json:"percent"`
+	// RowsPerSecond is the latest claim's subscribers per second, from its
+	// start to now (RUNNING) or to its end.
+	RowsPerSecond float64 `json:"rows_per_s"`
+	// ETASeconds is the time left at the latest claim's batch rate, for a
+	// RUNNING run with a known total and a committed batch; else null.
+	ETASeconds *int64 `json:"eta_s"`
+}
+
+// progressOf computes a status's progress from its row.
+func progressOf(status string, committed int64, total *int64, fenceBatches, fenceRows int64, elapsed float64) Progress {
+	p := Progress{BatchesCommitted: committed}
+	if elapsed > 0 {
+		p.RowsPerSecond = math.Round(float64(fenceRows)/elapsed*10) / 10
+	}
+	if status == StatusCompleted {
+		all, hundred := committed, 100.0
+		p.BatchesTotal, p.Percent = &all, &hundred
+		return p
+	}
+	if total == nil || *total <= 0 {
+		return p
+	}
+	all := max(*total, committed)
+	pct := math.Floor(1000*float64(committed)/float64(all)) / 10
+	p.BatchesTotal, p.Percent = &all, &pct
+	if status == StatusRunning && fenceBatches > 0 && elapsed > 0 {
+		eta := int64(math.Ceil(elapsed / float64(fenceBatches) * float64(all-committed)))
+		p.ETASeconds = &eta
+	}
+	return p
 }
 
 // ReadStatus reads p's bill run; ErrNotFound when there is none.
 func ReadStatus(ctx context.Context, pool *pgxpool.Pool, p Period) (Status, error) {
 	var (
 		s                               Status
-		lockFence                       *int64
+		lockFence, total                *int64
 		batches, subs, created, already int64
+		fenceBatches, fenceRows         int64
+		elapsed                         float64
 	)
 	err := pool.QueryRow(ctx, sqlStatus, p.String()).Scan(&s.Period, &s.Status, &s.Owner, &s.Fence, &lockFence,
-		&s.Attempts, &s.StartedAt, &s.FinishedAt, &s.UpdatedAt, &s.LastError, &batches, &subs, &created, &already)
+		&s.Attempts, &s.StartedAt, &s.FinishedAt, &s.UpdatedAt, &s.LastError, &batches, &subs, &created, &already,
+		&total, &fenceBatches, &fenceRows, &elapsed)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Status{}, fmt.Errorf("%w %s", ErrNotFound, p)
 	}
@@ -63,5 +114,6 @@ func ReadStatus(ctx context.Context, pool *pgxpool.Pool, p Period) (Status, erro
 		CountInvoicesCreated:  created,
 		CountAlreadyInvoiced:  already,
 	}
+	s.Progress = progressOf(s.Status, batches, total, fenceBatches, fenceRows, elapsed)
 	return s, nil
 }
