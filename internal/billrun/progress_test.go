@@ -119,7 +119,9 @@ func TestProgressInLogsAndStatusWhileRunning(t *testing.T) {
 		Locker: b.locker, Log: slog.New(slog.NewJSONHandler(logs, nil))}, b.rec)
 	require.NoError(t, err)
 	done := make(chan job.Result, 1)
-	go func() { done <- tmpl.Run(context.Background(), k, period, job.Trigger{Source: job.SourceCLI, RequestID: "progress-1"}) }()
+	go func() {
+		done <- tmpl.Run(context.Background(), k, period, job.Trigger{Source: job.SourceCLI, RequestID: "progress-1"})
+	}()
 	<-reached // 5 batches committed, the 6th waits
 
 	line := logs.waitFor(t, "billrun_progress", func(m map[string]any) bool { return m["batches_total"] != nil })

@@ -59,7 +59,9 @@ type progressCollector struct {
 }
 
 func newProgressCollector(runs *inFlight) *progressCollector {
-	d := func(name, help string) *prometheus.Desc { return prometheus.NewDesc(name, help, []string{"job", "key"}, nil) }
+	d := func(name, help string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, []string{"job", "key"}, nil)
+	}
 	return &progressCollector{
 		runs:      runs,
 		committed: d("coordinator_run_progress_batches_committed", "Batches committed of the run in flight, those of earlier runs of the same work (resume) included."),

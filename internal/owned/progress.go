@@ -113,9 +113,9 @@ func ProgressMessage(job string) string { return strings.ReplaceAll(job, "-", "_
 
 // ProgressLog logs a run's progress every interval through the run's
 // logger (job, lock_key, request_id and trace_id attached): message
-// ProgressMessage(job), fields batches_committed, batches_total (0 not
-// known), percent, rows, rows_per_s, eta_s (percent and eta_s null while
-// not known), elapsed_s. A run shorter than interval logs none.
+// ProgressMessage(job), fields batches_committed, batches_total, percent,
+// rows, rows_per_s, eta_s (batches_total, percent and eta_s null while not
+// known), elapsed_s. A run shorter than interval logs none.
 // interval <= 0 logs nothing.
 func ProgressLog(interval time.Duration) ProgressReporter { return logReporter{interval: interval} }
 
@@ -149,15 +149,15 @@ func (l logReporter) Track(run *Run) func() {
 
 // ProgressAttrs are the fields of a progress log record.
 func ProgressAttrs(p Progress) []slog.Attr {
-	percent, eta := slog.Any("percent", nil), slog.Any("eta_s", nil)
+	total, percent, eta := slog.Any("batches_total", nil), slog.Any("percent", nil), slog.Any("eta_s", nil)
 	if p.Known() {
-		percent = slog.Float64("percent", p.Percent)
+		total, percent = slog.Int64("batches_total", p.BatchesTotal), slog.Float64("percent", p.Percent)
 	}
 	if p.ETA >= 0 {
 		eta = slog.Int64("eta_s", int64(math.Ceil(p.ETA.Seconds())))
 	}
 	return []slog.Attr{
-		slog.Int64("batches_committed", p.BatchesCommitted), slog.Int64("batches_total", p.BatchesTotal), percent,
+		slog.Int64("batches_committed", p.BatchesCommitted), total, percent,
 		slog.Int64("rows", p.Rows), slog.Float64("rows_per_s", p.RowsPerSecond), eta,
 		slog.Float64("elapsed_s", math.Round(p.Elapsed.Seconds()*10)/10),
 	}
