@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
@@ -304,7 +306,9 @@ func (s *Sweeper) Run(ctx context.Context, run *owned.Run, p owned.Params) (owne
 	// the adapter's own conservative deadline (request sent + TTL - margin),
 	// and SafetyMargin keeps the last batch well inside it.
 	deadline := run.Acquired().Add(s.cfg.Lease - s.cfg.SafetyMargin)
-	fr := s.free(ctx, run.Lease(), deadline, workers)
+	counted := s.countStale(ctx, run)
+	fr := s.free(ctx, run, deadline, workers)
+	<-counted
 	counts := map[string]int64{"freed": fr.freed, "batches": fr.batches, "workers": int64(workers), "deadline_reached": 0}
 	if fr.reason == stopDeadline {
 		counts["deadline_reached"] = 1
@@ -332,7 +336,8 @@ type freeRun struct {
 }
 
 // free runs the batch workers until the sweep must stop, and says why.
-func (s *Sweeper) free(ctx context.Context, lease ownership.Lease, deadline time.Time, workers int) freeRun {
+func (s *Sweeper) free(ctx context.Context, run *owned.Run, deadline time.Time, workers int) freeRun {
+	lease := run.Lease()
 	var (
 		freed, batches atomic.Int64
 		mu             sync.Mutex
@@ -392,10 +397,18 @@ func (s *Sweeper) free(ctx context.Context, lease ownership.Lease, deadline time
 					n    int64
 					last string
 				)
-				if err := s.db.QueryRow(batchCtx, s.sql, s.cfg.BatchSize, from).Scan(&n, &last); err != nil {
+				bctx, span := run.StartSpan(batchCtx, "msisdn-reaper.batch")
+				if err := s.db.QueryRow(bctx, s.sql, s.cfg.BatchSize, from).Scan(&n, &last); err != nil {
+					span.SetStatus(codes.Error, err.Error())
+					span.End()
 					stop(stopError, fmt.Errorf("msisdnreaper: sweep batch: %w", err))
 					return
 				}
+				if span.IsRecording() {
+					span.SetAttributes(attribute.Int64("msisdn_reaper.freed", n))
+				}
+				span.End()
+				run.Committed(1, n)
 				mu.Lock()
 				cursor = max(cursor, last)
 				mu.Unlock()
@@ -413,6 +426,30 @@ func (s *Sweeper) free(ctx context.Context, lease ownership.Lease, deadline time
 	}
 	wg.Wait()
 	return freeRun{freed: freed.Load(), batches: batches.Load(), reason: reason, err: firstErr}
+}
+
+// sqlCountStale counts the stale reservations a sweep starts with
+// (msisdn_pool_stale_reservations, by the database's clock).
+const sqlCountStale = `
+select count(*) from msisdn_pool where state = 'RESERVED' and reserved_until < now()`
+
+// countStale gives the sweep's progress its total, in batches, counted
+// beside the first batches; the returned channel closes when it is done.
+func (s *Sweeper) countStale(ctx context.Context, run *owned.Run) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var n int64
+		if err := s.db.QueryRow(ctx, sqlCountStale).Scan(&n); err != nil {
+			if ctx.Err() == nil {
+				run.Log().Warn("sweep_count_failed", "error", err)
+			}
+			return
+		}
+		size := int64(s.cfg.BatchSize)
+		run.SetTotal(max((n+size-1)/size, 1)) // an empty pool still takes one batch to find out
+	}()
+	return done
 }
 
 // stopReason tells shutdown (the caller's context ended) from a lost lease

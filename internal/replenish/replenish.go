@@ -213,12 +213,15 @@ func (w worker) Run(ctx context.Context, run *owned.Run, params owned.Params) (o
 		}
 		numbers = msisdnreaper.Range(p.First, l)
 	}
+	// One transaction: one batch of progress, its rows every number offered.
+	run.SetTotal(1)
 	// Replenish takes Key itself; under the run's context that is the
 	// template's lease, so it re-enters instead of waiting for itself.
 	res, err := w.pool.Replenish(ctx, numbers)
 	if err != nil {
 		return owned.Report{}, err
 	}
+	run.Committed(1, res.Added+res.Existing)
 	run.Log().Info("replenish_added", "added", res.Added, "existing", res.Existing)
 	return owned.Report{Counts: map[string]int64{
 		"added": res.Added, "existing": res.Existing, "offered": res.Added + res.Existing,

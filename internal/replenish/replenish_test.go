@@ -164,3 +164,28 @@ func freeNumbers(t *testing.T, pg *testenv.PG) int64 {
 	require.NoError(t, pg.Pool.QueryRow(context.Background(), `select count(*) from msisdn_pool where state = 'FREE'`).Scan(&n))
 	return n
 }
+
+type lastProgress struct{ seen []owned.Progress }
+
+func (l *lastProgress) Track(run *owned.Run) func() {
+	return func() { l.seen = append(l.seen, run.Progress()) }
+}
+
+func TestReplenishReportsProgress(t *testing.T) {
+	t.Parallel()
+	pg := testenv.Postgres(t)
+	l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "replica-a", WaitTime: 100 * time.Millisecond})
+	defer l.Close()
+	reg, err := owned.NewRegistry(replenish.Kind{})
+	require.NoError(t, err)
+	prog := &lastProgress{}
+	r, err := owned.NewRunner(reg, owned.Deps{DB: pg.Pool, Locker: l, Progress: prog}, &events.Recorder{})
+	require.NoError(t, err)
+	res := r.Run(context.Background(), replenish.Kind{}, replenish.Params{First: "447700000000", Count: 50}, job.Trigger{})
+	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
+	require.Len(t, prog.seen, 1)
+	require.Equal(t, int64(1), prog.seen[0].BatchesTotal, "one transaction")
+	require.Equal(t, int64(1), prog.seen[0].BatchesCommitted)
+	require.Equal(t, int64(50), prog.seen[0].Rows)
+	require.Equal(t, 100.0, prog.seen[0].Percent)
+}
