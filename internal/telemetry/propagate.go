@@ -34,3 +34,15 @@ type HeaderCarrier func(key string) string
 func (h HeaderCarrier) Get(key string) string { return h(key) }
 func (HeaderCarrier) Set(string, string)      {}
 func (HeaderCarrier) Keys() []string          { return nil }
+
+// TraceParentOf parses a traceparent header value and formats it again: a
+// malformed value gives "" (it is never echoed into events as it came).
+func TraceParentOf(header string) (traceparent, tracestate string) {
+	ctx := Off().Extract(context.Background(), HeaderCarrier(func(k string) string {
+		if k == "traceparent" {
+			return header
+		}
+		return ""
+	}))
+	return TraceParent(trace.SpanContextFromContext(ctx))
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
+	"github.com/telco-platform/coordinator/internal/telemetry"
 	"github.com/telco-platform/coordinator/internal/topics"
 )
 
@@ -54,8 +55,11 @@ type KafkaConfig struct {
 	// FetchMaxWait is the broker's long-poll bound. Default 100ms (low, so a
 	// partition resumed after a busy spell is fetched again quickly).
 	FetchMaxWait time.Duration
-	// ClientOpts are extra franz-go options (TLS, SASL, tests).
+	// ClientOpts are extra franz-go options (TLS, SASL, metrics, tests).
 	ClientOpts []kgo.Opt
+	// Tracing traces the client (kotel) and each record's handling; nil:
+	// off, and a record's traceparent header is still handed to its run.
+	Tracing *telemetry.KafkaTracing
 }
 
 func (c KafkaConfig) withDefaults() KafkaConfig {
@@ -205,7 +209,7 @@ func (c *KafkaConsumer) Start(ctx context.Context) error {
 			kgo.OnPartitionsRevoked(c.revoked),
 			kgo.OnPartitionsLost(c.revoked),
 			kgo.ProducerLinger(0),
-		}, c.cfg.ClientOpts...)
+		}, append(c.cfg.Tracing.Opts(), c.cfg.ClientOpts...)...)
 		var cl *kgo.Client
 		cl, err = kgo.NewClient(opts...)
 		if err != nil {
@@ -378,6 +382,7 @@ type partWorker struct {
 	queue     []*kgo.Record
 	hw        int64 // high watermark of the last fetch
 	handled   int64 // offset of the last handled record, -1 before any
+	first     int64 // offset of the first record received, -1 before any
 	revoked   bool
 	paused    bool // the partition's fetching is paused
 	noCommit  bool
@@ -388,7 +393,7 @@ type partWorker struct {
 }
 
 func newPartWorker(c *KafkaConsumer, k tp) *partWorker {
-	return &partWorker{c: c, tp: k, handled: -1, wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
+	return &partWorker{c: c, tp: k, handled: -1, first: -1, wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
 }
 
 // enqueue queues a fetch for the worker. When records are already waiting
@@ -409,8 +414,14 @@ func (w *partWorker) enqueue(recs []*kgo.Record, hw int64) {
 		w.c.cl.PauseFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
 		w.paused = true
 	}
+	if w.handled < 0 && w.first < 0 && len(recs) > 0 {
+		w.first = recs[0].Offset
+	}
 	w.queue = append(w.queue, recs...)
 	w.hw = hw
+	// Every fetch, not only commits: a partition stuck on a record that
+	// is never handled still shows how far behind it is.
+	w.c.m.setLag(w.tp.topic, w.tp.partition, w.lagLocked())
 	select {
 	case w.wake <- struct{}{}:
 	default:
@@ -463,11 +474,18 @@ func (w *partWorker) forbidCommit() {
 func (w *partWorker) lag() int64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.handled < 0 { // nothing handled yet: count from the first record waiting
-		if len(w.queue) == 0 {
+	return w.lagLocked()
+}
+
+// lagLocked counts the records after the last handled one, up to the high
+// watermark of the last fetch; before any is handled, from the first record
+// received (the one in flight included).
+func (w *partWorker) lagLocked() int64 {
+	if w.handled < 0 {
+		if w.first < 0 {
 			return 0
 		}
-		return max(w.hw-w.queue[0].Offset, 0)
+		return max(w.hw-w.first, 0)
 	}
 	return max(w.hw-w.handled-1, 0)
 }
@@ -543,7 +561,9 @@ func (c *KafkaConsumer) process(rec *kgo.Record) bool {
 		return c.reject(rec, k, err)
 	}
 	t := job.Trigger{Source: job.SourceKafka, RequestID: cmp.Or(req.RequestID, derivedID(rec)), RequestedBy: req.RequestedBy}
-	res, err := c.h.Run(c.handleCtx, k, req.Params, t)
+	ctx, end := c.traceRecord(rec, t)
+	res, err := c.h.Run(ctx, k, req.Params, t)
+	end(res)
 	if err != nil {
 		c.log.Warn("trigger_handler_error", "topic", rec.Topic, "offset", rec.Offset, "request_id", t.RequestID, "err", err)
 		return false
@@ -592,7 +612,7 @@ func (c *KafkaConsumer) reject(rec *kgo.Record, k owned.Kind, err error) bool {
 	}
 	c.emit.Emit(c.handleCtx, events.Event{
 		Type: events.TriggerRejected, Key: key, Job: jobName, Replica: c.cfg.Replica, Trigger: string(job.SourceKafka),
-		RequestID: derivedID(rec),
+		RequestID: derivedID(rec), TraceParent: recordTraceParent(rec),
 		Extra: map[string]any{"reason": re.Reason, "detail": re.Detail, "topic": rec.Topic,
 			"partition": rec.Partition, "offset": rec.Offset, "dlq_topic": c.cfg.Topics.DLQ},
 	})

@@ -363,3 +363,15 @@ func TestConsumerConfigErrors(t *testing.T) {
 	c.Stop() // never started: returns at once
 	require.ErrorContains(t, c.Start(context.Background()), "already started", "no Start after Stop")
 }
+
+// consumerWith is consumer with the consumer's metrics m.
+func (b *kafkaBundle) consumerWith(t *testing.T, h trigger.Handler, m *trigger.Metrics) *trigger.KafkaConsumer {
+	t.Helper()
+	cfg := trigger.KafkaConfig{Brokers: b.brokers, Group: b.group, Kinds: b.kinds, Topics: b.names, Replica: "r1",
+		RetryBackoffMin: 20 * time.Millisecond, RetryBackoffMax: 100 * time.Millisecond, FetchMaxWait: 100 * time.Millisecond}
+	c, err := trigger.NewKafkaConsumer(cfg, h, b.rec, nil, m)
+	require.NoError(t, err)
+	require.NoError(t, c.Start(context.Background()))
+	t.Cleanup(c.Stop)
+	return c
+}

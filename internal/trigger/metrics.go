@@ -29,7 +29,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Kafka trigger records retried because they were not handled (lock backend unavailable, ownership lost, DLQ unreachable)."},
 			[]string{"topic"}),
 		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "coordinator_trigger_consumer_lag",
-			Help: "Records after the last handled one, per trigger topic partition (high watermark seen in the last fetch)."},
+			Help: "Records after the last handled one, per trigger topic partition (high watermark of the last fetch; updated on every fetch and commit)."},
 			[]string{"topic", "partition"}),
 		running: prometheus.NewGauge(prometheus.GaugeOpts{Name: "coordinator_trigger_runs_in_flight",
 			Help: "Owned runs the dispatcher is executing."}),
