@@ -22,8 +22,10 @@ COPY cmd ./cmd
 COPY internal ./internal
 COPY migrations ./migrations
 ARG VERSION=dev
+# coordinator_build_info{revision}: the build context has no .git.
+ARG REVISION=unknown
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
-    go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/coordinator ./cmd/coordinator
+    go build -trimpath -ldflags "-s -w -X main.version=${VERSION} -X main.revision=${REVISION}" -o /out/coordinator ./cmd/coordinator
 
 FROM alpine:3.22 AS runtime
 RUN apk add --no-cache ca-certificates tzdata \

@@ -5,6 +5,7 @@ GO        ?= go
 BIN       ?= bin/coordinator
 DEMO_BIN  ?= bin/coordinator-demo
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+REVISION  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 # The whole suite on 2 cores stays well inside this bound.
 TEST_TIMEOUT ?= 12m
 TEST_FLAGS   ?= -count=1 -timeout $(TEST_TIMEOUT)
@@ -13,7 +14,7 @@ STATICCHECK  ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 .PHONY: build test lint services-up services-down services-status demo bench bench-peers clean
 
 build:
-	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/coordinator
+	$(GO) build -ldflags "-X main.version=$(VERSION) -X main.revision=$(REVISION)" -o $(BIN) ./cmd/coordinator
 
 ## test: start the local Redis, Redis Cluster, PostgreSQL and Kafka, then run every test against them.
 test: services-up

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os/user"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -17,6 +18,8 @@ import (
 	"github.com/telco-platform/coordinator/internal/kinds"
 	"github.com/telco-platform/coordinator/internal/owned"
 	"github.com/telco-platform/coordinator/internal/postgres"
+	"github.com/telco-platform/coordinator/internal/replica"
+	"github.com/telco-platform/coordinator/internal/telemetry"
 )
 
 func init() {
@@ -121,10 +124,28 @@ func runRun(ctx context.Context, cio cliIO, args []string) int {
 			RequestID: trig.RequestID, Error: err.Error(), DurationMS: time.Since(start).Milliseconds()})
 	}
 
-	log := newLogger(cfg, cio.stderr)
+	// On a terminal a live bar replaces the <job>_progress records; log
+	// lines and events pass through it.
+	stderr := cio.stderr
+	var progress owned.ProgressReporter
+	if bar := stderrBar(cio.stderr); bar != nil {
+		stderr, progress = bar, bar
+	}
+	log := newLogger(cfg, stderr)
+	if exp := cio.getenv("OTEL_TRACES_EXPORTER"); exp == "console" {
+		fmt.Fprintf(cio.stderr, "coordinator %s: OTEL_TRACES_EXPORTER = \"console\": spans would go to stdout, which carries the result; use otlp\n", name)
+		return job.ExitUsage
+	}
+	tel, flush, code := setupTelemetry(ctx, cio, name, cfg, log)
+	if code != 0 {
+		return code
+	}
+	defer flush()
+	// A caller's trace (TRACEPARENT, the environment carrier) is the run's parent.
+	ctx = tel.Extract(ctx, telemetry.HeaderCarrier(func(k string) string { return cio.getenv(strings.ToUpper(k)) }))
 	connectCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	pool, err := postgres.Connect(connectCtx, cfg.DatabaseURL, int32(cfg.BillrunWorkers+8))
+	pool, err := postgres.Connect(connectCtx, cfg.DatabaseURL, int32(cfg.BillrunWorkers+8), postgres.WithTracer(tel.PgxTracer()))
 	if err != nil {
 		log.Error("run_postgres_unreachable", "error", err)
 		return failed(job.OutcomeFailed, err)
@@ -137,12 +158,16 @@ func runRun(ctx context.Context, cio cliIO, args []string) int {
 	}
 	// Closing the locker does not delete a lock left held for a minimum hold.
 	defer func() { _ = locker.Close() }()
+	if err := replica.InstrumentLocker(locker, tel, nil); err != nil {
+		log.Warn("run_lock_tracing_failed", "error", err)
+	}
 
 	if err := applyTestHooks(cio.getenv, log, reg, nil); err != nil {
 		fmt.Fprintf(cio.stderr, "coordinator %s: %v\n", name, err)
 		return job.ExitUsage
 	}
-	runner, err := owned.NewRunner(reg, owned.Deps{Config: cfg, DB: pool, Locker: locker, Log: log}, events.NewJSONLines(cio.stderr))
+	runner, err := owned.NewRunner(reg, owned.Deps{Config: cfg, DB: pool, Locker: locker, Log: log, Telemetry: tel,
+		Progress: progress}, events.NewJSONLines(stderr))
 	if err != nil {
 		fmt.Fprintf(cio.stderr, "coordinator %s: %v\n", name, err)
 		return job.ExitUsage

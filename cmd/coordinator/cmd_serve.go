@@ -48,7 +48,13 @@ func runServe(ctx context.Context, cio cliIO, args []string) int {
 		return job.ExitFailed
 	}
 	log := newLogger(cfg, cio.stderr)
-	r := replica.New(replica.Config{Config: cfg, Log: log, OpenLocker: openLocker, Kinds: reg, Version: versionString()})
+	tel, flush, code := setupTelemetry(ctx, cio, "serve", cfg, log)
+	if code != 0 {
+		return code
+	}
+	defer flush()
+	r := replica.New(replica.Config{Config: cfg, Log: log, OpenLocker: openLocker, Kinds: reg, Version: versionString(),
+		Revision: vcsRevision(), Telemetry: tel})
 	if err := applyTestHooks(cio.getenv, log, reg, r); err != nil {
 		fmt.Fprintf(cio.stderr, "coordinator serve: %v\n", err)
 		return job.ExitUsage

@@ -94,6 +94,10 @@ type clientLocker struct {
 	prefix string
 }
 
+// RedisClient is the lock backend's client, for its tracing and pool
+// metrics.
+func (c *clientLocker) RedisClient() redis.UniversalClient { return c.client }
+
 func (c *clientLocker) Close() error {
 	err := c.Locker.Close()
 	if cerr := c.client.Close(); cerr != nil && !errors.Is(cerr, redis.ErrClosed) {

@@ -247,6 +247,7 @@ func (a *API) instrument(next http.Handler) http.Handler {
 		if route == "" {
 			route = "unmatched"
 		}
+		nameSpan(r, route)
 		a.requests.WithLabelValues(route, r.Method, fmt.Sprint(rec.status)).Inc()
 		a.duration.WithLabelValues(route).Observe(time.Since(start).Seconds())
 		level := slog.LevelDebug

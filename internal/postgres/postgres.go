@@ -9,19 +9,35 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
+// Option tunes Connect.
+type Option func(*pgxpool.Config)
+
+// WithTracer traces every query of the pool (otelpgx); nil: untraced.
+func WithTracer(t pgx.QueryTracer) Option {
+	return func(c *pgxpool.Config) {
+		if t != nil {
+			c.ConnConfig.Tracer = t
+		}
+	}
+}
+
 // Connect opens a pool on dsn and checks it answers within the ctx bound.
 // maxConns 0 keeps pgx's default (max(4, NumCPU)).
-func Connect(ctx context.Context, dsn string, maxConns int32) (*pgxpool.Pool, error) {
+func Connect(ctx context.Context, dsn string, maxConns int32, opts ...Option) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: parse DSN: %w", redactParseError(err))
 	}
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
+	}
+	for _, o := range opts {
+		o(cfg)
 	}
 	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
 	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {

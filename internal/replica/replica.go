@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -40,6 +41,7 @@ import (
 	"github.com/telco-platform/coordinator/internal/owned"
 	"github.com/telco-platform/coordinator/internal/ownership"
 	"github.com/telco-platform/coordinator/internal/postgres"
+	"github.com/telco-platform/coordinator/internal/telemetry"
 	"github.com/telco-platform/coordinator/internal/topics"
 	"github.com/telco-platform/coordinator/internal/trigger"
 )
@@ -62,8 +64,16 @@ type Config struct {
 	// Kinds are the kinds of owned run the replica serves. Default
 	// kinds.Registry().
 	Kinds *owned.Registry
-	// Version shows in the start log line. Default "dev".
+	// Version shows in the start log line and coordinator_build_info.
+	// Default "dev".
 	Version string
+	// Revision is the VCS revision in coordinator_build_info. Default
+	// "unknown".
+	Revision string
+	// Telemetry traces the replica's runs and clients (Kafka, Redis,
+	// Postgres, HTTP). Nil: tracing off. The caller shuts it down after
+	// Stop.
+	Telemetry *telemetry.Provider
 	// Emit, if set, also receives every event the replica emits (in
 	// process), besides the log and the Kafka events topic.
 	Emit events.Emitter
@@ -130,6 +140,12 @@ func New(rc Config) *Replica {
 	}
 	if rc.Version == "" {
 		rc.Version = "dev"
+	}
+	if rc.Revision == "" {
+		rc.Revision = "unknown"
+	}
+	if rc.Telemetry == nil {
+		rc.Telemetry = telemetry.Off()
 	}
 	r := &Replica{rc: rc, cfg: rc.Config, log: log}
 	if rc.Kinds != nil {
@@ -227,7 +243,8 @@ func (r *Replica) Start(ctx context.Context) error {
 		r.names = topics.New(r.cfg.KafkaTopicPrefix, reg.Topics()...)
 	}
 	r.reg = prometheus.NewRegistry()
-	r.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	r.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		telemetry.BuildInfo(r.rc.Version, r.rc.Revision))
 	for _, c := range r.components() {
 		if err := c.start(ctx); err != nil {
 			se := &StartError{Code: job.ExitFailed, Err: err}
@@ -263,11 +280,13 @@ func (r *Replica) Stop() {
 func (r *Replica) startPostgres(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, StartupTimeout)
 	defer cancel()
-	pool, err := postgres.Connect(ctx, r.cfg.DatabaseURL, int32(r.cfg.BillrunWorkers+8))
+	pool, err := postgres.Connect(ctx, r.cfg.DatabaseURL, int32(r.cfg.BillrunWorkers+8),
+		postgres.WithTracer(r.rc.Telemetry.PgxTracer()))
 	if err != nil {
 		return failed(job.ExitUnavailable, err)
 	}
 	r.pool = pool
+	r.reg.MustRegister(telemetry.PgxPoolCollector(pool))
 	if pending, err := pendingMigrations(ctx, pool); err != nil {
 		r.log.Error("migrations_unknown", "error", err, "detail", "readiness fails until `coordinator migrate up` has run")
 	} else if pending > 0 {
@@ -284,7 +303,7 @@ func (r *Replica) startLock(ctx context.Context) error {
 		return failed(job.ExitUnavailable, err)
 	}
 	r.locker = locker
-	return nil
+	return InstrumentLocker(locker, r.rc.Telemetry, r.reg)
 }
 
 // startEvents starts the Kafka event sink; every event also goes to the log
@@ -297,7 +316,7 @@ func (r *Replica) startEvents(ctx context.Context) error {
 	sink, err := eventsink.New(eventsink.Config{
 		Brokers: r.cfg.KafkaBrokers, Topic: r.names.Events, Log: r.log,
 		Metrics:    eventsink.NewMetrics(r.reg),
-		ClientOpts: opts,
+		ClientOpts: append(opts, r.rc.Telemetry.Kafka("").Opts()...),
 	})
 	if err != nil {
 		return err
@@ -322,7 +341,8 @@ func (r *Replica) kafkaOpts(opts ...kgo.Opt) ([]kgo.Opt, error) {
 	if err != nil {
 		return nil, failed(job.ExitUsage, err)
 	}
-	return append(slices.Clip(opts), sec...), nil
+	opts = append(slices.Clip(opts), sec...)
+	return append(opts, telemetry.KafkaMetrics(r.reg)...), nil
 }
 
 // startTopics creates the deployment's topics when allowed. Missing topics
@@ -352,7 +372,7 @@ func (r *Replica) startTopics(ctx context.Context) error {
 // dispatcher. A kind's bad configuration is exit 64.
 func (r *Replica) startRunner(context.Context) error {
 	runner, err := owned.NewRunner(r.rc.Kinds, owned.Deps{Config: r.cfg, DB: r.pool, Locker: r.locker, Log: r.log,
-		Registerer: r.reg}, r.emit)
+		Registerer: r.reg, Telemetry: r.rc.Telemetry}, r.emit)
 	if err != nil {
 		return failed(job.ExitUsage, err)
 	}
@@ -376,7 +396,7 @@ func (r *Replica) startHTTP(ctx context.Context) error {
 		return err
 	}
 	r.api = api
-	srv := httpapi.NewServer(r.cfg.HTTPAddr, api, r.log)
+	srv := httpapi.NewServer(r.cfg.HTTPAddr, r.rc.Telemetry.HTTPHandler(api), r.log)
 	if err := srv.Start(ctx); err != nil {
 		return failed(job.ExitUnavailable, err)
 	}
@@ -402,7 +422,7 @@ func (r *Replica) startConsumer(ctx context.Context) error {
 		return err
 	}
 	kcfg := trigger.KafkaConfig{Brokers: r.cfg.KafkaBrokers, Group: r.cfg.KafkaGroup, Kinds: r.rc.Kinds, Topics: r.names,
-		Replica: r.cfg.ReplicaID, DrainTimeout: r.cfg.ShutdownTimeout, ClientOpts: opts}
+		Replica: r.cfg.ReplicaID, DrainTimeout: r.cfg.ShutdownTimeout, ClientOpts: opts, Tracing: r.rc.Telemetry.Kafka(r.cfg.KafkaGroup)}
 	consumer, err := trigger.NewKafkaConsumer(kcfg, r.disp, r.emit, r.log, r.tm)
 	if err != nil {
 		return err
@@ -438,6 +458,8 @@ func (r *Replica) logStarted() {
 		"lock_watchdog_timeout", cfg.LockWatchdogTimeout,
 		"schedules", strings.Join(schedules, "; "),
 		"admin_api", cfg.AdminToken != "",
+		"tracing", r.rc.Telemetry.Exporter(),
+		"progress_interval", cfg.ProgressInterval,
 	)
 }
 
@@ -477,4 +499,21 @@ func pendingMigrations(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 	}
 	defer m.Close()
 	return m.Pending(ctx)
+}
+
+// InstrumentLocker traces the Redis commands of a Locker that has a Redis
+// client (redisotel, when tracing is on) and exports its pool's stats on
+// reg (coordinator_redis_pool_*, when reg is not nil).
+func InstrumentLocker(l ownership.Locker, tel *telemetry.Provider, reg prometheus.Registerer) error {
+	rc, ok := l.(interface{ RedisClient() redis.UniversalClient })
+	if !ok {
+		return nil
+	}
+	if err := tel.InstrumentRedis(rc.RedisClient()); err != nil {
+		return err
+	}
+	if reg != nil {
+		return reg.Register(telemetry.RedisPoolCollector(rc.RedisClient()))
+	}
+	return nil
 }
