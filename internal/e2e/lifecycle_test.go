@@ -147,9 +147,27 @@ func TestReplicaAdminSurface(t *testing.T) {
 	code, body = r.get(t, "", "/metrics")
 	require.Equal(t, http.StatusOK, code)
 	for _, series := range []string{"coordinator_lock_acquisitions_total", "coordinator_billrun_", "coordinator_reaper_",
-		"coordinator_trigger_", "coordinator_events_buffered", "coordinator_http_requests_total", "go_goroutines", "process_resident_memory_bytes"} {
+		"coordinator_trigger_", "coordinator_events_buffered", "coordinator_http_requests_total", "go_goroutines", "process_resident_memory_bytes",
+		// What is deployed, and the client libraries' pools and Kafka clients.
+		`coordinator_build_info{go_version="go`, "coordinator_pgxpool_acquired_connections", "coordinator_pgxpool_acquires_total",
+		"coordinator_redis_pool_connections", "coordinator_redis_pool_hits_total",
+		`coordinator_kafka_connects_total{client_id="coordinator-solo"`, `coordinator_kafka_connects_total{client_id="coordinator-events-solo"`} {
 		require.Contains(t, string(body), series)
 	}
+
+	// The status of the cron's bill run, with its progress complete.
+	code, body = r.get(t, d.token, "/v1/billruns/"+prev)
+	require.Equal(t, http.StatusOK, code, string(body))
+	var st struct {
+		Status   string
+		Counts   map[string]int64
+		Progress map[string]any
+	}
+	require.NoError(t, json.Unmarshal(body, &st), string(body))
+	require.Equal(t, "COMPLETED", st.Status)
+	require.Equal(t, float64(100), st.Progress["percent"], string(body))
+	require.EqualValues(t, st.Counts["batches_committed"], st.Progress["batches_committed"])
+	require.EqualValues(t, st.Counts["batches_committed"], st.Progress["batches_total"])
 
 	code, body = r.get(t, "wrong", "/v1/locks")
 	require.Equal(t, http.StatusUnauthorized, code, string(body))
