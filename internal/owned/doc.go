@@ -61,8 +61,20 @@
 // The template owns the outcome mapping (classify), the events (Run.send)
 // and the phases (acquire, Claim, Run, release), and hands each kind a *Run:
 // a resumer re-runs incomplete runs through Runner.Run with its own
-// job.Source and classifies outcomes where classify does; progress reporting
-// becomes a method of Run that the template turns into logs, status and
-// gauges; the requester (job.Trigger.RequestedBy) reaches every event from
-// Run.send; tracing spans wrap Begin's acquire and Claim and Execute's Run.
+// job.Source and classifies outcomes where classify does; the requester
+// (job.Trigger.RequestedBy) reaches every event from Run.send.
+//
+// # Progress and tracing
+//
+// A kind reports progress on its *Run (SetTotal, Resumed, Committed: two
+// atomic adds a batch); the template turns it into a <job>_progress log
+// record every Config.ProgressInterval (ProgressLog, or Deps.Progress: the
+// CLI's terminal bar) and the coordinator_run_progress_* gauges of the runs
+// in flight (progress.go). With Deps.Telemetry on, the run is a span ("run
+// <job>", child of the trigger's trace context in Begin's ctx) with
+// lock.acquire, run.claim, lock.release and one "event <type>" span per
+// event beneath it, and the kind's own spans through Run.StartSpan
+// (tracing.go). Every event carries the run's W3C traceparent, and the
+// run's logger its trace_id; with tracing off no span starts, and the
+// trigger's own traceparent, if any, is what the events carry.
 package owned
