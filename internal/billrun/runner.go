@@ -329,7 +329,11 @@ func (c *Claimed) Execute(ctx context.Context) job.Result {
 	r.cfg.Metrics.running(1)
 	defer r.cfg.Metrics.running(-1)
 
-	runCtx, cancel := context.WithCancelCause(c.lease.Context())
+	parent := c.lease.Context()
+	if sabotaged { // chaos_sabotage builds only (sabotage.go)
+		parent = context.WithoutCancel(parent)
+	}
+	runCtx, cancel := context.WithCancelCause(parent)
 	defer cancel(nil)
 	stopShutdown := context.AfterFunc(ctx, func() { cancel(errShutdown) })
 	defer stopShutdown()
@@ -671,7 +675,7 @@ func (c *Claimed) runBatch(ctx context.Context, b batchRange, st *runState, retr
 
 	var fence int64
 	var idle string
-	err = tx.QueryRow(ctx, sqlFenceCheck, period, c.fence, cfg.IdleInTransactionTimeout.String()).Scan(&fence, &idle)
+	err = tx.QueryRow(ctx, batchFenceSQL, period, c.fence, cfg.IdleInTransactionTimeout.String()).Scan(&fence, &idle)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return out, errFenceLost
 	}
