@@ -3,6 +3,7 @@
 
 GO        ?= go
 BIN       ?= bin/coordinator
+DEMO_BIN  ?= bin/coordinator-demo
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 # The whole suite on 2 cores stays well inside this bound.
 TEST_TIMEOUT ?= 12m
@@ -37,25 +38,30 @@ services-status:
 
 ## demo: the whole mission on local defaults (see README): installs redis-server and PostgreSQL
 ## from Debian's packages when missing, then runs three replicas against a throwaway cluster.
-demo: build
+## The demo (and its in-process Kafka) is a program of its own, not part of the production binary.
+demo:
+	$(GO) build -o $(DEMO_BIN) ./cmd/coordinator-demo
 	scripts/services install redis postgres
-	$(BIN) demo $(DEMO_FLAGS)
+	$(DEMO_BIN) $(DEMO_FLAGS)
 
 ## chaos: the fault-injection verifier (docs/chaos.md, RELIABILITY.md). It starts its own Redis
 ## (master, replica, sentinel), PostgreSQL and Kafka on free loopback ports, never the shared ones.
 ## CHAOS_DURATION seconds of faults (default 120), CHAOS_SEED (default random, printed first),
 ## CHAOS_OUT (default chaos-out/); exit 0 only when no anomaly was found. CHAOS_SABOTAGE=1 runs it
 ## against the deliberately unsafe chaos_sabotage build, which must be caught (non-zero exit).
+## The coordinator under test is built with -tags testhooks (as for the e2e tests): the product's
+## code plus its two test hooks (slower batches, a shorter Kafka session timeout).
 CHAOS_DURATION ?= 120
 CHAOS_OUT      ?= chaos-out
 chaos:
 	scripts/services install redis postgres kafka
 	$(GO) build -o bin/chaos ./cmd/chaos
 	@case "$(CHAOS_SABOTAGE)" in \
-	  1|true|yes) echo "$(GO) build -tags chaos_sabotage -o bin/coordinator-sabotage ./cmd/coordinator"; \
-	              $(GO) build -tags chaos_sabotage -o bin/coordinator-sabotage ./cmd/coordinator ;; \
-	  *) $(MAKE) --no-print-directory build ;; \
-	esac
+	  1|true|yes) tags=testhooks,chaos_sabotage; out=bin/coordinator-sabotage ;; \
+	  *)          tags=testhooks;                out=bin/coordinator-chaos ;; \
+	esac; \
+	echo "$(GO) build -tags $$tags -o $$out ./cmd/coordinator"; \
+	$(GO) build -tags $$tags -ldflags "-X main.version=$(VERSION)" -o $$out ./cmd/coordinator
 	CHAOS_DURATION="$(CHAOS_DURATION)" CHAOS_SEED="$(CHAOS_SEED)" CHAOS_OUT="$(CHAOS_OUT)" \
 	  CHAOS_SABOTAGE="$(CHAOS_SABOTAGE)" CHAOS_FAULTS="$(CHAOS_FAULTS)" CHAOS_RECOVERY="$(CHAOS_RECOVERY)" bin/chaos
 

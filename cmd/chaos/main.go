@@ -13,7 +13,7 @@
 //	CHAOS_SABOTAGE    1: run against the chaos_sabotage build, which must be caught
 //	CHAOS_FAULTS      comma-separated fault kinds (default all)
 //	CHAOS_RECOVERY    bound of the quiet recovery phase in seconds (default 90)
-//	CHAOS_COORDINATOR the coordinator binary (default bin/coordinator, or bin/coordinator-sabotage)
+//	CHAOS_COORDINATOR the coordinator binary (default bin/coordinator-chaos, the -tags testhooks build; bin/coordinator-sabotage)
 //	CHAOS_KAFKA_LIBS  the Kafka jars (default: found under .cache/kafka, see scripts/services)
 //
 // Exit: 0 no anomaly, 1 anomalies found, 2 the run could not be carried out, 64 bad usage.
@@ -59,7 +59,7 @@ func main() {
 
 const usage = `usage: chaos (configured by the environment; see make chaos)
   CHAOS_DURATION=120 CHAOS_SEED=<random> CHAOS_OUT=chaos-out CHAOS_SABOTAGE=0
-  CHAOS_FAULTS=<all> CHAOS_RECOVERY=90 CHAOS_COORDINATOR=bin/coordinator CHAOS_KAFKA_LIBS=<.cache/kafka/*/libs>
+  CHAOS_FAULTS=<all> CHAOS_RECOVERY=90 CHAOS_COORDINATOR=bin/coordinator-chaos CHAOS_KAFKA_LIBS=<.cache/kafka/*/libs>
 exit: 0 no anomaly, 1 anomalies, 2 the run could not be carried out, 64 bad usage`
 
 func run() int {
@@ -159,9 +159,9 @@ func config() (chaos.Config, error) {
 	root := chaos.RepoRoot(wd)
 	coord := os.Getenv("CHAOS_COORDINATOR")
 	if coord == "" {
-		coord = filepath.Join(root, "bin", "coordinator")
+		coord = filepath.Join(root, "bin", "coordinator-chaos")
 		if cfg.Sabotage {
-			coord += "-sabotage"
+			coord = filepath.Join(root, "bin", "coordinator-sabotage")
 		}
 	}
 	self, err := os.Executable()

@@ -4,36 +4,66 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
-	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/ownership"
+	"github.com/telco-platform/coordinator/internal/proctree"
 )
 
 func init() {
-	register(command{name: "lock", summary: "--key K [--lease D] [--wait D] [--grace D] -- CMD ARGS...: run a command holding a lock", run: runLock})
+	register(command{
+		name:        "lock",
+		summary:     "--key K [--lease D] [--wait D] [--grace D] -- CMD ARGS...: run a command holding a lock",
+		run:         runLock,
+		ownsSignals: true,
+	})
 }
 
 const lockUsage = `usage: coordinator lock --key KEY [--lease D] [--wait D] [--grace D] [config flags] -- CMD [ARGS...]
 
-Runs CMD while holding the ownership lock on KEY (a distributed flock).
+Runs CMD while holding the ownership lock on KEY (a distributed flock), and
+releases the lock only when CMD and every process it started are gone.
   --key    lock key (required; 1-200 of A-Z a-z 0-9 . _ : / -)
-  --lease  explicit lease (the lock hard-expires after it); default 0 = watchdog-renewed while CMD runs
+  --lease  explicit lease (the lock hard-expires after it); default 0 = watchdog lease
+           (TTL COORDINATOR_LOCK_WATCHDOG_TIMEOUT, renewed while CMD runs)
   --wait   max time to wait for the lock; default COORDINATOR_LOCK_WAIT_TIME
-  --grace  on lease loss, time between SIGTERM and SIGKILL of CMD; default 10s
-CMD sees COORDINATOR_LOCK_KEY, COORDINATOR_LOCK_OWNER, COORDINATOR_LOCK_FENCE. SIGINT and SIGTERM are
-forwarded to CMD's process group. Exit: CMD's own code; 75 already owned; 69 lock backend unavailable;
-76 lease lost while CMD ran; 64 bad usage.`
+  --grace  time between SIGTERM and SIGKILL when CMD must stop; default 10s, or the
+           most that fits: CMD is always dead before the lock can expire, so
+           SIGTERM goes out grace + a kill margin before the lease's trust deadline
+           (explicit: lease - lease/20; watchdog: when the last confirmed expiry is
+           a third of the TTL away). A --grace that cannot fit is refused (64).
+The process tree: CMD runs in a process group of its own (on a terminal: the
+foreground group). coordinator is a child subreaper, so processes that leave
+the group (setsid, double fork) stay its descendants. When CMD exits, whatever
+it left behind gets SIGTERM, then SIGKILL after the grace; then the lock is
+released. If the lock is found gone or taken over, the tree gets SIGKILL at once.
+Signals: SIGINT, SIGTERM, SIGHUP, SIGQUIT are forwarded once to CMD's group, and
+SIGKILL follows after the grace; a second one kills the tree at once. SIGTSTP
+and SIGCONT are forwarded. On a terminal, Ctrl-Z stops CMD and then coordinator;
+nothing renews the lock while stopped, and on fg/bg CMD is continued only if
+the lease can still be trusted for a whole termination, else it is killed (76).
+CMD sees COORDINATOR_LOCK_KEY, COORDINATOR_LOCK_OWNER, COORDINATOR_LOCK_FENCE and
+the environment without the coordinator's secrets (COORDINATOR_* variables
+naming a URL, DSN, PASSWORD, TOKEN, SECRET, CREDENTIAL or a *_KEY_FILE).
+Exit: CMD's own code (128+N if killed by signal N); 75 already owned; 69 lock
+backend unavailable; 76 lease lost or ending while CMD ran; 64 bad usage;
+1 CMD could not be started.`
+
+// defaultGrace is --grace when not given, if the lease leaves room for it.
+const defaultGrace = 10 * time.Second
 
 type lockArgs struct {
 	key          string
 	lease, grace time.Duration
+	graceSet     bool
 	wait         time.Duration
 	waitSet      bool
 	rest         []string // configuration flags
@@ -43,7 +73,7 @@ type lockArgs struct {
 // parseLockArgs takes lock's own flags out of args; the others are
 // configuration flags for loadConfig. The command follows "--".
 func parseLockArgs(args []string) (lockArgs, error) {
-	a := lockArgs{grace: 10 * time.Second}
+	a := lockArgs{grace: defaultGrace}
 	i := 0
 	for ; i < len(args); i++ {
 		arg := args[i]
@@ -86,7 +116,7 @@ func parseLockArgs(args []string) (lockArgs, error) {
 		case "wait":
 			a.wait, a.waitSet = d, true
 		case "grace":
-			a.grace = d
+			a.grace, a.graceSet = d, true
 		}
 	}
 	switch {
@@ -100,6 +130,56 @@ func parseLockArgs(args []string) (lockArgs, error) {
 	}
 	return a, nil
 }
+
+// killMargin is how long before the lease's trust deadline SIGKILL goes out:
+// time for the kernel to end the processes and for us to reap them.
+func killMargin(ttl time.Duration) time.Duration { return min(500*time.Millisecond, ttl/10) }
+
+// maxGrace is the longest grace that still has the command dead before the
+// lock can expire. An explicit lease gives the whole lease (less the safety
+// margin and the kill margin). A watchdog lease gives a third of its TTL: the
+// termination starts when the lock's confirmed expiry is that close, which
+// in normal operation it never is (a renewal every third of the TTL moves
+// it), so one late renewal is tolerated and a failing one is not waited out.
+func maxGrace(ttl time.Duration, watchdog bool) time.Duration {
+	window := ttl
+	if watchdog {
+		window = ttl / 3
+	}
+	return window - ownership.SafetyMargin(ttl) - killMargin(ttl)
+}
+
+// fitGrace returns the grace to use, or an error naming why it cannot fit.
+// Without --grace: 10s, or less if the lease needs it: the most that fits a
+// watchdog lease (its termination does not start in normal operation), half
+// of what fits an explicit lease (whose end the termination always
+// precedes, so the command keeps the other half to run).
+func fitGrace(a lockArgs, ttl time.Duration, watchdog bool) (time.Duration, error) {
+	most := maxGrace(ttl, watchdog)
+	what := fmt.Sprintf("--lease %s", ttl)
+	if watchdog {
+		what = fmt.Sprintf("COORDINATOR_LOCK_WATCHDOG_TIMEOUT=%s (a watchdog lease: termination starts when its renewals are a third of it late)", ttl)
+	}
+	tooLong := a.grace > most
+	if !watchdog {
+		tooLong = a.grace >= most // an explicit lease must leave the command time to run
+	}
+	switch {
+	case most <= 0:
+		return 0, fmt.Errorf("%s is too short to stop the command before the lock can expire: no --grace fits", what)
+	case !a.graceSet && watchdog:
+		return min(a.grace, most), nil
+	case !a.graceSet:
+		return min(a.grace, most/2), nil
+	case tooLong:
+		return 0, fmt.Errorf("--grace %s does not fit %s: the command must be dead %s before the lease's trust deadline, so --grace must stay below %s (use a longer lease or a shorter grace)",
+			a.grace, what, killMargin(ttl), most.Round(time.Millisecond))
+	}
+	return a.grace, nil
+}
+
+// cancelSignals are forwarded to the command once; a second one escalates.
+var cancelSignals = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT}
 
 func runLock(ctx context.Context, cio cliIO, args []string) int {
 	a, err := parseLockArgs(args)
@@ -118,6 +198,15 @@ func runLock(ctx context.Context, cio cliIO, args []string) int {
 	if a.waitSet {
 		cfg.LockWaitTime = a.wait
 	}
+	ttl, watchdog := a.lease, a.lease == 0
+	if watchdog {
+		ttl = cfg.LockWatchdogTimeout
+	}
+	grace, err := fitGrace(a, ttl, watchdog)
+	if err != nil {
+		fmt.Fprintf(cio.stderr, "coordinator lock: %v\n", err)
+		return job.ExitUsage
+	}
 	path, err := exec.LookPath(a.argv[0])
 	if err != nil {
 		fmt.Fprintf(cio.stderr, "coordinator lock: %v\n", err)
@@ -125,9 +214,16 @@ func runLock(ctx context.Context, cio cliIO, args []string) int {
 	}
 	log := newLogger(cfg, cio.stderr)
 
-	// Our own signal channel: the signal itself is forwarded to CMD.
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	// main leaves signals to this command: the first is forwarded, a second
+	// escalates, and neither skips the release.
+	sigs := make(chan os.Signal, 8)
+	for _, s := range cancelSignals {
+		// Under nohup (SIGHUP ignored) the command inherits the ignoring;
+		// catching it here would undo that.
+		if !signal.Ignored(s) {
+			signal.Notify(sigs, s)
+		}
+	}
 	defer signal.Stop(sigs)
 
 	locker, err := openLocker(ctx, cfg, log, nil)
@@ -137,7 +233,23 @@ func runLock(ctx context.Context, cio cliIO, args []string) int {
 	}
 	defer locker.Close()
 
-	lease, err := locker.Acquire(ctx, a.key, a.lease)
+	// A signal while waiting for the lock cancels the wait.
+	acqCtx, cancelAcq := context.WithCancel(ctx)
+	defer cancelAcq()
+	var early os.Signal
+	acquiring := make(chan struct{})
+	var watch sync.WaitGroup
+	watch.Go(func() {
+		select {
+		case early = <-sigs:
+			cancelAcq()
+		case <-acquiring:
+		}
+	})
+	asked := time.Now()
+	lease, err := locker.Acquire(acqCtx, a.key, a.lease)
+	close(acquiring)
+	watch.Wait()
 	switch {
 	case errors.Is(err, ownership.ErrAlreadyOwned):
 		fmt.Fprintf(cio.stderr, "coordinator lock: %v\n", err)
@@ -146,82 +258,441 @@ func runLock(ctx context.Context, cio cliIO, args []string) int {
 		fmt.Fprintf(cio.stderr, "coordinator lock: %v\n", err)
 		return job.ExitUnavailable
 	}
-	log.Info("lock_acquired", "lock_key", a.key, "owner", lease.Owner(), "fence", lease.Fence())
+	log.Info("lock_acquired", "lock_key", a.key, "owner", lease.Owner(), "fence", lease.Fence(), "grace", grace)
 
-	cmd := exec.Command(path, a.argv[1:]...)
-	cmd.Args[0] = a.argv[0]
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = cio.stdin, cio.stdout, cio.stderr
-	cmd.Env = append(os.Environ(),
-		"COORDINATOR_LOCK_KEY="+a.key,
-		"COORDINATOR_LOCK_OWNER="+lease.Owner(),
-		"COORDINATOR_LOCK_FENCE="+strconv.FormatInt(lease.Fence(), 10))
-	// Its own process group, so signals reach CMD's children too; and it
-	// dies with us (Pdeathsig), so it never runs on without the lock.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ownership.ReleaseTimeout)
-		_ = lease.Release(relCtx)
-		cancel()
-		fmt.Fprintf(cio.stderr, "coordinator lock: start %s: %v\n", a.argv[0], err)
-		return job.ExitFailed
+	r := &lockRun{
+		log: log, key: a.key, lease: lease, ttl: ttl, watchdog: watchdog, grace: grace,
+		sigs: sigs, term: controllingTerminal(cio),
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	signalGroup := func(s syscall.Signal) { _ = syscall.Kill(-cmd.Process.Pid, s) }
+	if p, ok := locker.(interface {
+		LockTTL(ctx context.Context, key string, fence int64) (time.Duration, bool, error)
+	}); ok {
+		r.probe = p.LockTTL
+	}
+	// The lease's trust deadline: the command must be dead before it.
+	acquired := asked
+	if t, ok := ownership.TermOf(lease); ok {
+		acquired = t.Acquired()
+	}
+	if !watchdog || r.probe != nil {
+		// An in-memory watchdog lease is renewed in-process and cannot
+		// expire under a live process; every other lease can.
+		r.deadline = ownership.TrustDeadline(acquired, ttl)
+	}
+	if early != nil {
+		r.release(ctx)
+		return 128 + int(early.(syscall.Signal))
+	}
+	return r.run(ctx, cio, path, a.argv)
+}
 
-	lost := false
-	var kill <-chan time.Time
-	done, ctxDone := lease.Done(), ctx.Done()
-	var waitErr error
-wait:
-	for {
-		select {
-		case waitErr = <-exited:
-			break wait
-		case <-done:
-			done = nil
-			lost = true
-			log.Error("lock_lost_terminating_command", "lock_key", a.key, "fence", lease.Fence(), "error", lease.Err(), "grace", a.grace)
-			signalGroup(syscall.SIGTERM)
-			if kill == nil {
-				kill = time.After(a.grace)
-			}
-		case s := <-sigs:
-			signalGroup(s.(syscall.Signal))
-		case <-ctxDone:
-			// Cancelled without a signal of ours (an embedding caller).
-			ctxDone = nil
-			signalGroup(syscall.SIGTERM)
-		case <-kill:
-			log.Error("lock_command_killed", "lock_key", a.key, "grace", a.grace)
-			signalGroup(syscall.SIGKILL)
-		}
-	}
-	code = exitCode(cmd)
-	_ = waitErr // the exit status says it all
-	if lost || errors.Is(lease.Err(), ownership.ErrLeaseLost) {
+// lockRun supervises one locked command.
+type lockRun struct {
+	log      *slog.Logger
+	key      string
+	lease    ownership.Lease
+	ttl      time.Duration
+	watchdog bool
+	grace    time.Duration
+	sigs     chan os.Signal
+	term     *terminal
+	// probe reads the lock's remaining TTL on Redis (nil: in-memory locker).
+	probe func(ctx context.Context, key string, fence int64) (time.Duration, bool, error)
+
+	tree *proctree.Tree
+	// deadline is the lease's trust deadline: the whole tree must be dead
+	// before it (zero: none). A watchdog lease's moves with every expiry the
+	// probe confirms on Redis.
+	deadline time.Time
+
+	phase      phase
+	termSent   bool      // every process got SIGTERM
+	killBy     time.Time // while terminating: when SIGKILL follows
+	timer      *time.Timer
+	lost       bool // the lease ended, or was about to: exit 76
+	signalled  int  // cancel signals received
+	rootStatus *syscall.WaitStatus
+	rootStop   bool // the command is stopped
+}
+
+type phase int
+
+const (
+	running     phase = iota
+	terminating       // SIGTERM sent (or forwarded); SIGKILL at killBy
+	killing           // SIGKILL until the tree is empty
+)
+
+// termAt is when terminating must start for the tree to be dead by the
+// kill margin before the deadline; killAt is when SIGKILL must go out.
+func (r *lockRun) termAt() time.Time { return r.killAt().Add(-r.grace) }
+func (r *lockRun) killAt() time.Time { return r.deadline.Add(-killMargin(r.ttl)) }
+
+type probeResult struct {
+	sent time.Time
+	ttl  time.Duration
+	held bool
+	err  error
+}
+
+func (r *lockRun) run(ctx context.Context, cio cliIO, path string, argv []string) int {
+	if err := r.lease.Err(); err != nil || (!r.deadline.IsZero() && !time.Now().Before(r.termAt())) {
+		r.log.Error("lock_lost_before_start", "lock_key", r.key, "fence", r.lease.Fence())
+		r.release(ctx)
 		return job.ExitLost
 	}
-	relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ownership.ReleaseTimeout)
-	defer cancel()
-	if err := lease.Release(relCtx); err != nil {
-		log.Warn("lock_release_failed", "lock_key", a.key, "fence", lease.Fence(), "error", err)
-		if errors.Is(err, ownership.ErrNotHeld) {
-			return job.ExitLost
-		}
+	stdio, err := commandFiles(cio)
+	if err != nil {
+		r.release(ctx)
+		fmt.Fprintf(cio.stderr, "coordinator lock: start %s: %v\n", argv[0], err)
+		return job.ExitFailed
+	}
+	cfg := proctree.Config{
+		Path: path, Args: argv, Files: stdio.files,
+		Env: commandEnv(os.Environ(), r.key, r.lease.Owner(), r.lease.Fence()),
+	}
+	if r.term != nil && r.term.foreground() == r.term.pgrp {
+		cfg.TTY = r.term.f
+	}
+	// Stop and continue are ours to pass on from now on.
+	signal.Notify(r.sigs, syscall.SIGTSTP, syscall.SIGCONT)
+	tree, err := proctree.Start(cfg)
+	stdio.started()
+	if err != nil {
+		stdio.finish()
+		r.release(ctx)
+		fmt.Fprintf(cio.stderr, "coordinator lock: start %s: %v\n", argv[0], err)
+		return job.ExitFailed
+	}
+	r.tree = tree
+	if r.term != nil {
+		// To hand the terminal back and forth from the background, and to
+		// log there, without being stopped. The command is already exec'd
+		// and keeps its own dispositions.
+		signal.Ignore(syscall.SIGTTOU)
+	}
+
+	probeCtx, stopProbe := context.WithCancel(context.WithoutCancel(ctx))
+	probes := make(chan probeResult)
+	var probing sync.WaitGroup
+	if r.probe != nil {
+		probing.Go(func() { r.probeLoop(probeCtx, probes) })
+	}
+	r.timer = time.NewTimer(time.Hour)
+	r.arm()
+	r.supervise(ctx, probes)
+	stopProbe()
+	probing.Wait()
+	r.timer.Stop()
+	stdio.finish()
+	if r.term != nil && r.term.foreground() == tree.Pid() {
+		_ = r.term.setForeground(r.term.pgrp)
+	}
+
+	code := job.ExitFailed
+	if r.rootStatus != nil {
+		code = statusCode(*r.rootStatus)
+	}
+	if r.lost || errors.Is(r.lease.Err(), ownership.ErrLeaseLost) {
+		r.release(ctx)
+		return job.ExitLost
+	}
+	if err := r.release(ctx); errors.Is(err, ownership.ErrNotHeld) {
+		return job.ExitLost
 	}
 	return code
 }
 
-func exitCode(cmd *exec.Cmd) int {
-	if cmd.ProcessState == nil {
-		return job.ExitFailed
+// supervise runs until the command and every descendant are gone.
+func (r *lockRun) supervise(ctx context.Context, probes <-chan probeResult) {
+	ctxDone, leaseDone := ctx.Done(), r.lease.Done()
+	for {
+		select {
+		case ev := <-r.tree.Events():
+			switch ev.Kind {
+			case proctree.RootExited:
+				st := ev.Status
+				r.rootStatus, r.rootStop = &st, false
+				r.leftovers()
+			case proctree.RootStopped:
+				r.rootStop = true
+				r.stopped(ev.Status.StopSignal())
+			case proctree.RootContinued:
+				r.rootStop = false
+			case proctree.Empty:
+				return
+			}
+		case s := <-r.sigs:
+			switch s {
+			case syscall.SIGTSTP:
+				r.forward(syscall.SIGTSTP)
+			case syscall.SIGCONT:
+				r.resume()
+			default:
+				r.cancel(s.(syscall.Signal))
+			}
+		case <-ctxDone:
+			// Cancelled by an embedding caller: like a first SIGTERM.
+			ctxDone = nil
+			r.cancel(syscall.SIGTERM)
+		case <-leaseDone:
+			leaseDone = nil
+			if r.phase != killing {
+				r.lost = true
+				r.log.Error("lock_lost_killing_command", "lock_key", r.key, "fence", r.lease.Fence(), "error", r.lease.Err())
+				r.kill()
+			}
+		case p := <-probes:
+			r.probed(p)
+		case <-r.timer.C:
+			r.due()
+		}
 	}
-	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+}
+
+// arm sets the timer to the next moment something must happen.
+func (r *lockRun) arm() {
+	var at time.Time
+	switch r.phase {
+	case running:
+		if !r.deadline.IsZero() {
+			at = r.termAt()
+		}
+	case terminating:
+		at = r.killBy
+	}
+	r.timer.Stop()
+	if !at.IsZero() {
+		r.timer.Reset(time.Until(at))
+	}
+}
+
+// due: the timer fired. Running: the lease's deadline is a grace away, so
+// terminate now. Terminating: the grace is over.
+func (r *lockRun) due() {
+	switch r.phase {
+	case running:
+		r.lost = true
+		r.log.Error("lock_lease_ending_terminating_command", "lock_key", r.key, "fence", r.lease.Fence(),
+			"trust_deadline_in", time.Until(r.deadline).Round(time.Millisecond), "grace", r.grace)
+		r.terminate(r.grace)
+	case terminating:
+		r.log.Error("lock_command_killed", "lock_key", r.key, "grace", r.grace)
+		r.kill()
+	}
+}
+
+// terminate sends SIGTERM to every process of the tree (continuing stopped
+// ones so they can act on it) and SIGKILL after grace, but never later than
+// the kill margin before the deadline, and at once if that has passed.
+func (r *lockRun) terminate(grace time.Duration) {
+	if r.phase == killing {
+		return
+	}
+	if r.pastKill() {
+		r.kill()
+		return
+	}
+	if !r.termSent {
+		r.termSent = true
+		r.tree.Signal(syscall.SIGTERM)
+		r.tree.ContinueStopped()
+	}
+	r.startGrace(grace)
+}
+
+// startGrace enters the terminating phase: SIGKILL at now+grace at the latest.
+func (r *lockRun) startGrace(grace time.Duration) {
+	by := time.Now().Add(grace)
+	if !r.deadline.IsZero() && r.killAt().Before(by) {
+		by = r.killAt()
+	}
+	if r.phase != terminating || by.Before(r.killBy) {
+		r.killBy = by
+	}
+	r.phase = terminating
+	r.arm()
+}
+
+// pastKill reports whether the command may no longer run: the lease ended,
+// or SIGKILL should already have gone out.
+func (r *lockRun) pastKill() bool {
+	if r.lease.Err() != nil {
+		r.lost = true
+		return true
+	}
+	if !r.deadline.IsZero() && !time.Now().Before(r.killAt()) {
+		r.lost = true
+		return true
+	}
+	return false
+}
+
+func (r *lockRun) kill() {
+	if r.phase == killing {
+		return
+	}
+	r.phase = killing
+	r.timer.Stop()
+	r.tree.Kill()
+}
+
+// leftovers: the command exited; whatever it left running is terminated
+// like a command at the end of its lease, before the lock is released.
+func (r *lockRun) leftovers() {
+	if r.phase == killing || r.termSent {
+		return
+	}
+	r.termSent = true
+	if n := r.tree.Signal(syscall.SIGTERM); n > 0 {
+		r.log.Warn("lock_command_left_processes", "lock_key", r.key, "processes", n, "grace", r.grace)
+		r.tree.ContinueStopped()
+	}
+	if r.phase == running {
+		r.startGrace(r.grace)
+	}
+}
+
+// cancel handles SIGINT, SIGTERM, SIGHUP, SIGQUIT: the first is forwarded to
+// the command's group and SIGKILL follows after the grace; a second kills
+// the whole tree at once.
+func (r *lockRun) cancel(s syscall.Signal) {
+	r.signalled++
+	if r.signalled > 1 {
+		r.log.Warn("lock_second_signal_killing_command", "lock_key", r.key, "signal", s.String())
+		r.kill()
+		return
+	}
+	r.log.Info("lock_signal_forwarded", "lock_key", r.key, "signal", s.String(), "grace", r.grace)
+	r.forward(s)
+	if r.rootStop {
+		r.resume() // a stopped command cannot act on the signal
+	}
+	if r.phase == running {
+		r.startGrace(r.grace)
+	}
+}
+
+// forward sends s to the command's process group, as a terminal would; once
+// the command is gone, to what it left.
+func (r *lockRun) forward(s syscall.Signal) {
+	if err := r.tree.SignalGroup(s); errors.Is(err, proctree.ErrRootGone) {
+		r.tree.Signal(s)
+	}
+}
+
+// stopped: the command was stopped. On a terminal under a job-control shell
+// we stop too, after handing the terminal back, so that the shell sees the
+// job stopped (otherwise it would wait for us while the terminal belongs to a
+// stopped group). Nothing renews the lock while we are stopped; resume
+// decides what the command may do when we are continued.
+func (r *lockRun) stopped(sig syscall.Signal) {
+	if r.term == nil || !r.term.mirrorStops || r.phase != running {
+		return
+	}
+	if sig != syscall.SIGTSTP && sig != syscall.SIGTTIN && sig != syscall.SIGTTOU {
+		return // a stop sent to the command on purpose is its sender's business
+	}
+	if r.term.foreground() == r.tree.Pid() {
+		_ = r.term.setForeground(r.term.pgrp)
+	}
+	r.log.Info("lock_command_stopped", "lock_key", r.key, "signal", sig.String(),
+		"detail", "stopping too; the lock is not renewed until continued")
+	// SIGSTOP, not the command's signal: once Go has handled SIGTSTP it
+	// cannot take its default action in this process again.
+	_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+}
+
+// resume: we were continued (SIGCONT). The command may go on only if the
+// lease can still be trusted for what is left of a termination; otherwise it
+// is killed while still stopped. On the terminal, if the shell gave us the
+// foreground, the command gets it.
+func (r *lockRun) resume() {
+	if r.phase == killing {
+		return
+	}
+	if r.pastKill() {
+		r.log.Error("lock_lost_while_stopped_killing_command", "lock_key", r.key, "fence", r.lease.Fence(), "error", r.lease.Err())
+		r.kill()
+		return
+	}
+	if r.phase == running && !r.deadline.IsZero() && !time.Now().Before(r.termAt()) {
+		r.due() // terminating continues the tree, within the safe window
+		return
+	}
+	if r.term != nil && r.rootStatus == nil && r.term.foreground() == r.term.pgrp {
+		_ = r.term.setForeground(r.tree.Pid())
+	}
+	r.forward(syscall.SIGCONT)
+}
+
+// probeLoop reads the lock's remaining TTL on Redis every tenth of the TTL
+// (at most every 10s). A watchdog lease's deadline follows what Redis
+// confirms, not what the renewals hope for; any lease whose lock is gone or
+// someone else's is lost at once.
+func (r *lockRun) probeLoop(ctx context.Context, out chan<- probeResult) {
+	every := max(min(r.ttl/10, 10*time.Second), 10*time.Millisecond)
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		callCtx, cancel := context.WithTimeout(ctx, every)
+		sent := time.Now()
+		ttl, held, err := r.probe(callCtx, r.key, r.lease.Fence())
+		cancel()
+		select {
+		case out <- probeResult{sent: sent, ttl: ttl, held: held, err: err}:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+func (r *lockRun) probed(p probeResult) {
+	switch {
+	case p.err != nil:
+		r.log.Debug("lock_probe_failed", "lock_key", r.key, "error", p.err)
+	case !p.held:
+		if r.phase != killing {
+			r.lost = true
+			r.log.Error("lock_lost_killing_command", "lock_key", r.key, "fence", r.lease.Fence(), "error", "the lock is gone or someone else's")
+			r.kill()
+		}
+	case r.watchdog:
+		// Redis keeps the lock at least until sent+ttl.
+		r.deadline = p.sent.Add(p.ttl - ownership.SafetyMargin(r.ttl))
+		if r.phase == terminating && r.killAt().Before(r.killBy) {
+			r.killBy = r.killAt()
+		}
+		r.arm()
+	}
+}
+
+// release gives the lock up, bounded: TTL expiry is the backstop.
+func (r *lockRun) release(ctx context.Context) error {
+	if r.lease.Err() != nil {
+		return r.lease.Err()
+	}
+	relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ownership.ReleaseTimeout)
+	defer cancel()
+	err := r.lease.Release(relCtx)
+	if err != nil {
+		r.log.Warn("lock_release_failed", "lock_key", r.key, "fence", r.lease.Fence(), "error", err)
+	}
+	return err
+}
+
+// statusCode is a shell's $? for a wait status.
+func statusCode(ws syscall.WaitStatus) int {
+	switch {
+	case ws.Signaled():
 		return 128 + int(ws.Signal())
-	}
-	if code := cmd.ProcessState.ExitCode(); code >= 0 {
-		return code
+	case ws.Exited():
+		return ws.ExitStatus()
 	}
 	return job.ExitFailed
 }

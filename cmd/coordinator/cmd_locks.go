@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"text/tabwriter"
 	"time"
@@ -12,20 +13,13 @@ import (
 )
 
 func init() {
-	register(command{name: "locks", summary: "[--json]: list the locks held now", run: runLocks})
+	register(command{name: "locks", summary: "[--json]: list the locks held now", run: runLocks, ownHelp: true})
 }
 
 func runLocks(ctx context.Context, cio cliIO, args []string) int {
-	asJSON := false
-	var rest []string
-	for _, a := range args {
-		if a == "--json" || a == "-json" {
-			asJSON = true
-			continue
-		}
-		rest = append(rest, a)
-	}
-	cfg, extra, code := loadConfig(cio, "locks", rest)
+	fs := newFlagSet(cio, "locks", "[--json] [flags]")
+	asJSON := jsonFlag(fs)
+	cfg, extra, code := parseConfig(cio, fs, args)
 	if code != 0 {
 		return code
 	}
@@ -52,16 +46,11 @@ func runLocks(ctx context.Context, cio cliIO, args []string) int {
 		fmt.Fprintf(cio.stderr, "coordinator locks: %v\n", err)
 		return job.ExitUnavailable
 	}
-	if asJSON {
+	if *asJSON {
 		if locks == nil {
 			locks = []ownership.LockInfo{}
 		}
-		enc := json.NewEncoder(cio.stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(locks); err != nil {
-			return job.ExitFailed
-		}
-		return 0
+		return printJSON(cio, locks)
 	}
 	tw := tabwriter.NewWriter(cio.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "KEY\tOWNER\tFENCE\tHOLDS\tTTL")
@@ -70,4 +59,20 @@ func runLocks(ctx context.Context, cio cliIO, args []string) int {
 	}
 	_ = tw.Flush()
 	return 0
+}
+
+// jsonFlag is the one output flag of the commands that print state (locks,
+// watch, migrate status): --json prints JSON instead of a table, a snapshot
+// as one array, a stream as one object per line.
+func jsonFlag(fs *flag.FlagSet) *bool {
+	return fs.Bool("json", false, "print JSON instead of a table (a list as one array; watch: one event per line)")
+}
+
+// printJSON writes v as one line of JSON.
+func printJSON(cio cliIO, v any) int {
+	if err := json.NewEncoder(cio.stdout).Encode(v); err != nil {
+		fmt.Fprintf(cio.stderr, "coordinator: encode: %v\n", err)
+		return job.ExitFailed
+	}
+	return job.ExitOK
 }

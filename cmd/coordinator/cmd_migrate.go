@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/telco-platform/coordinator/internal/job"
@@ -11,16 +12,32 @@ import (
 )
 
 func init() {
-	register(command{name: "migrate", summary: "up|down|status: apply, reverse (all) or list the embedded migrations", run: runMigrate})
+	register(command{name: "migrate", summary: "up|down|status [--json]: apply, reverse (all) or list the embedded migrations", run: runMigrate, ownHelp: true})
+}
+
+// migration is one row of `migrate status --json`.
+type migration struct {
+	Version   int64  `json:"version"`
+	Name      string `json:"name"`
+	State     string `json:"state"` // applied, pending
+	AppliedAt string `json:"applied_at,omitempty"`
 }
 
 func runMigrate(ctx context.Context, cio cliIO, args []string) int {
-	cfg, rest, code := loadConfig(cio, "migrate", args)
+	fs := newFlagSet(cio, "migrate", "up|down|status [--json] [flags]")
+	asJSON := jsonFlag(fs)
+	// The verb may come first: `migrate status --json`.
+	var verb []string
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		verb, args = args[:1], args[1:]
+	}
+	cfg, rest, code := parseConfig(cio, fs, args)
 	if code != 0 {
 		return code
 	}
+	rest = append(verb, rest...)
 	if len(rest) != 1 || (rest[0] != "up" && rest[0] != "down" && rest[0] != "status") {
-		fmt.Fprintln(cio.stderr, "usage: coordinator migrate up|down|status [flags]")
+		fmt.Fprintln(cio.stderr, "usage: coordinator migrate up|down|status [--json] [flags]")
 		return job.ExitUsage
 	}
 	if err := cfg.RequireDatabase(); err != nil {
@@ -47,14 +64,21 @@ func runMigrate(ctx context.Context, cio cliIO, args []string) int {
 			fmt.Fprintf(cio.stderr, "coordinator migrate: %v\n", err)
 			return job.ExitFailed
 		}
+		rows := make([]migration, 0, len(st))
+		for _, s := range st {
+			m := migration{Version: s.Version, Name: s.Name, State: "pending"}
+			if s.Applied {
+				m.State, m.AppliedAt = "applied", s.At
+			}
+			rows = append(rows, m)
+		}
+		if *asJSON {
+			return printJSON(cio, rows)
+		}
 		tw := tabwriter.NewWriter(cio.stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "VERSION\tNAME\tSTATE\tAPPLIED AT")
-		for _, s := range st {
-			state := "pending"
-			if s.Applied {
-				state = "applied"
-			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", s.Version, s.Name, state, s.At)
+		for _, m := range rows {
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", m.Version, m.Name, m.State, m.AppliedAt)
 		}
 		_ = tw.Flush()
 		return 0

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -37,6 +38,22 @@ func TestMigrateCommandRoundTrip(t *testing.T) {
 	require.Equal(t, 0, code)
 	require.NotContains(t, out, "pending")
 	require.Contains(t, out, "00002_msisdn_pool.sql")
+
+	// --json, like locks and watch: one array of the rows.
+	code, out, errs = runCLI(t, env, "migrate", "status", "--json")
+	require.Equal(t, 0, code, errs)
+	var rows []struct {
+		Version   int64  `json:"version"`
+		Name      string `json:"name"`
+		State     string `json:"state"`
+		AppliedAt string `json:"applied_at"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &rows), out)
+	require.NotEmpty(t, rows)
+	for _, r := range rows {
+		require.Equal(t, "applied", r.State, r.Name)
+		require.NotEmpty(t, r.AppliedAt)
+	}
 
 	code, out, _ = runCLI(t, env, "migrate", "down")
 	require.Equal(t, 0, code)

@@ -12,11 +12,11 @@ import (
 )
 
 func init() {
-	register(command{name: "seed", summary: "--subscribers N [--suspended-ratio R] [--terminated-ratio R] [--usage] [--period P] [--reset]: demo billing data", run: runSeed})
+	register(command{name: "seed", summary: "--subscribers N [--suspended-ratio R] [--terminated-ratio R] [--usage] [--period P] [--reset]: demo billing data", run: runSeed, ownHelp: true})
 }
 
 func runSeed(ctx context.Context, cio cliIO, args []string) int {
-	fs := newFlagSet(cio, "seed")
+	fs := newFlagSet(cio, "seed", "--subscribers N [--first-id ID] [--suspended-ratio R] [--terminated-ratio R] [--usage] [--period YYYY-MM] [--reset] [flags]")
 	n := fs.Int64("subscribers", 0, "subscribers to create (ids from --first-id on; existing ids are kept)")
 	firstID := fs.Int64("first-id", 1, "first subscriber id")
 	suspended := fs.Float64("suspended-ratio", 0, "share of SUSPENDED subscribers, 0..1")

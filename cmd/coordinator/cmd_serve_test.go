@@ -2,7 +2,6 @@ package main
 
 import (
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -38,7 +37,6 @@ func TestServeRejectsBadConfigBeforeTouchingServices(t *testing.T) {
 		{"bad schedule", with("COORDINATOR_REAPER_SCHEDULE", "every tuesday"), nil, []string{"COORDINATOR_REAPER_SCHEDULE", "every tuesday"}},
 		{"bad http addr", with("COORDINATOR_HTTP_ADDR", "nowhere"), nil, []string{"COORDINATOR_HTTP_ADDR"}},
 		{"bad flag value", base, []string{"--shutdown-timeout", "soon"}, []string{"COORDINATOR_SHUTDOWN_TIMEOUT", "soon"}},
-		{"bad test hook", with(envTestBatchDelay, "slow"), nil, []string{envTestBatchDelay, "slow"}},
 		{"no database", with("COORDINATOR_DATABASE_URL", ""), nil, []string{"COORDINATOR_DATABASE_URL"}},
 		{"stray argument", base, []string{"now"}, []string{"unexpected arguments"}},
 	}
@@ -52,12 +50,4 @@ func TestServeRejectsBadConfigBeforeTouchingServices(t *testing.T) {
 			}
 		})
 	}
-}
-
-func TestScheduleLocation(t *testing.T) {
-	t.Parallel()
-	require.Equal(t, "Asia/Tokyo", scheduleLocation("CRON_TZ=Asia/Tokyo 0 2 1 * *").String())
-	require.Equal(t, "America/New_York", scheduleLocation("TZ=America/New_York 0 2 1 * *").String())
-	require.Equal(t, time.Local, scheduleLocation("0 2 1 * *"))
-	require.Equal(t, time.Local, scheduleLocation("CRON_TZ=Nowhere/Atlantis 0 2 1 * *"))
 }

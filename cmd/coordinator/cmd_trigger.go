@@ -4,20 +4,19 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/telco-platform/coordinator/internal/billrun"
-	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/topics"
 )
 
 func init() {
-	register(command{name: "trigger", summary: "billrun --period P | reaper: produce a trigger message to Kafka", run: runTrigger})
+	register(command{name: "trigger", summary: "KIND [flags]: produce a kind's trigger record to Kafka", run: runTrigger, ownHelp: true})
 }
 
 // produced is what `coordinator trigger` prints: one JSON object per record.
@@ -29,72 +28,53 @@ type produced struct {
 	Value     json.RawMessage `json:"value"`
 }
 
+// runTrigger produces the record a replica's consumer turns into a run of
+// KIND: the kind's flags, encoded as its topic's JSON value, plus the
+// envelope (request_id, requested_by).
 func runTrigger(ctx context.Context, cio cliIO, args []string) int {
-	if len(args) == 0 || (args[0] != "billrun" && args[0] != "reaper") {
-		fmt.Fprintln(cio.stderr, "usage: coordinator trigger billrun --period YYYY-MM [--request-id ID] [--requested-by WHO]")
-		fmt.Fprintln(cio.stderr, "       coordinator trigger reaper [--request-id ID] [--requested-by WHO]")
-		return job.ExitUsage
-	}
-	kind := args[0]
-	fs := newFlagSet(cio, "trigger "+kind)
-	period := ""
-	if kind == "billrun" {
-		fs.StringVar(&period, "period", "", "billing period YYYY-MM (required)")
-	}
-	requestID := fs.String("request-id", "", "request id (default: random)")
-	requestedBy := fs.String("requested-by", "", "who asks (default: cli:$USER)")
-	cfg, rest, code := parseConfig(cio, fs, args[1:])
+	var requestedBy *string
+	c, code := parseKindCall(cio, "trigger", args, "[--requested-by WHO] ", func(fs *flag.FlagSet) {
+		requestedBy = fs.String("requested-by", "", "who asks (default: cli:$USER)")
+	})
 	if code != 0 {
 		return code
 	}
-	if len(rest) > 0 {
-		fmt.Fprintf(cio.stderr, "coordinator trigger %s: unexpected arguments %q\n", kind, rest)
+	reg, k, spec, name, cfg := c.reg, c.kind, c.spec, c.name, c.cfg
+	if spec.Topic == "" {
+		fmt.Fprintf(cio.stderr, "coordinator %s: kind %q has no Kafka trigger topic\n", name, spec.Name)
 		return job.ExitUsage
 	}
-	names := topics.New(cfg.KafkaTopicPrefix)
-	value := map[string]string{"request_id": *requestID, "requested_by": *requestedBy}
-	if value["request_id"] == "" {
-		value["request_id"] = events.NewID()
+	key, fields := k.Encode(c.params)
+	value := map[string]any{}
+	for f, v := range fields {
+		value[f] = v
 	}
-	if value["requested_by"] == "" {
-		value["requested_by"] = "cli:" + cmp.Or(cio.getenv("USER"), "unknown")
-	}
-	rec := &kgo.Record{Topic: names.ReaperRequested}
-	if kind == "billrun" {
-		if period == "" {
-			fmt.Fprintln(cio.stderr, "coordinator trigger billrun: --period is required (YYYY-MM, e.g. 2026-11)")
-			return job.ExitUsage
-		}
-		p, err := billrun.ParsePeriod(period)
-		if err != nil {
-			fmt.Fprintf(cio.stderr, "coordinator trigger billrun: %v\n", err)
-			return job.ExitUsage
-		}
-		value["period"] = p.String()
-		rec = &kgo.Record{Topic: names.BillrunRequested, Key: []byte(p.String())}
-	}
+	value["request_id"] = c.requestID
+	value["requested_by"] = cmp.Or(*requestedBy, "cli:"+cmp.Or(cio.getenv("USER"), "unknown"))
+	names := topics.New(cfg.KafkaTopicPrefix, reg.Topics()...)
+	rec := &kgo.Record{Topic: names.Topic(spec.Topic), Key: key}
 	var err error
 	if rec.Value, err = json.Marshal(value); err != nil {
-		fmt.Fprintf(cio.stderr, "coordinator trigger: encode: %v\n", err)
+		fmt.Fprintf(cio.stderr, "coordinator %s: encode: %v\n", name, err)
 		return job.ExitFailed
 	}
 
 	cl, err := kgo.NewClient(kgo.SeedBrokers(cfg.KafkaBrokers...), kgo.ProducerLinger(0),
 		kgo.ClientID("coordinator-trigger"))
 	if err != nil {
-		fmt.Fprintf(cio.stderr, "coordinator trigger: kafka client: %v\n", err)
+		fmt.Fprintf(cio.stderr, "coordinator %s: kafka client: %v\n", name, err)
 		return job.ExitFailed
 	}
 	defer cl.Close()
 	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	// Like serve: create the contract's topics when allowed, else name the missing one.
+	// Like serve: create the deployment's topics when allowed, else name the missing one.
 	if err := topics.Ensure(pctx, kadm.NewClient(cl), names, cfg.KafkaCreateTopics); err != nil {
-		fmt.Fprintf(cio.stderr, "coordinator trigger: %v\n", err)
+		fmt.Fprintf(cio.stderr, "coordinator %s: %v\n", name, err)
 		return job.ExitUnavailable
 	}
 	if err := cl.ProduceSync(pctx, rec).FirstErr(); err != nil {
-		fmt.Fprintf(cio.stderr, "coordinator trigger: produce to %s via %v: %v\n", rec.Topic, cfg.KafkaBrokers, err)
+		fmt.Fprintf(cio.stderr, "coordinator %s: produce to %s via %v: %v\n", name, rec.Topic, cfg.KafkaBrokers, err)
 		return job.ExitUnavailable
 	}
 	out, _ := json.Marshal(produced{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Key: string(rec.Key), Value: rec.Value})

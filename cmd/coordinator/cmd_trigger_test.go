@@ -11,9 +11,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/telco-platform/coordinator/internal/billrun"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/eventsink"
 	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/kinds"
 	"github.com/telco-platform/coordinator/internal/testenv"
 	"github.com/telco-platform/coordinator/internal/topics"
 )
@@ -40,7 +42,9 @@ func kafkaCLI(t *testing.T) (map[string]string, topics.Names) {
 	t.Helper()
 	k := testenv.Kafka(t)
 	env := map[string]string{"COORDINATOR_KAFKA_BROKERS": strings.Join(k.Brokers, ","), "COORDINATOR_KAFKA_TOPIC_PREFIX": k.Suffix}
-	names := topics.New(k.Suffix)
+	reg, err := kinds.Registry()
+	require.NoError(t, err)
+	names := topics.New(k.Suffix, reg.Topics()...)
 	t.Cleanup(func() {
 		adm, err := topics.Dial(k.Brokers)
 		if err != nil {
@@ -80,7 +84,7 @@ func TestTriggerProducesAndWatchPrintsEvents(t *testing.T) {
 	require.Equal(t, 0, code, errb.String())
 	var p produced
 	require.NoError(t, json.Unmarshal([]byte(out.String()), &p))
-	require.Equal(t, names.BillrunRequested, p.Topic)
+	require.Equal(t, names.Topic(billrun.Topic), p.Topic)
 	require.Equal(t, "2026-11", p.Key)
 	require.JSONEq(t, `{"period":"2026-11","request_id":"cli-1","requested_by":"cli:unknown"}`, string(p.Value))
 
@@ -129,4 +133,34 @@ func TestTriggerProducesAndWatchPrintsEvents(t *testing.T) {
 		require.Contains(t, line, "owner=r1")
 		require.Contains(t, line, "reason=already_owned")
 	}
+}
+
+// -h exits 0 on every command, `run` and `trigger` with or without a kind.
+func TestHelpExitsZeroEverywhere(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"-h"}, {"--help"}, {"help"}, {"run", "-h"}, {"trigger", "--help"}, {"run", "billrun", "-h"},
+		{"trigger", "reaper", "-h"}, {"serve", "-h"}, {"migrate", "-h"}, {"migrate", "status", "-h"},
+		{"locks", "-h"}, {"watch", "-h"}, {"seed", "-h"}, {"version", "-h"}, {"lock", "-h"},
+		{"lock", "--key", "k", "--help"},
+	} {
+		code, out, errs := runCLI(t, map[string]string{}, args...)
+		require.Equal(t, 0, code, "%v: %s", args, errs)
+		require.Contains(t, out, "usage: coordinator", args)
+	}
+	code, out, _ := runCLI(t, map[string]string{}, "run", "billrun", "-h")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "-period string")
+	require.Contains(t, out, "-lock-wait-time duration")
+	require.Contains(t, out, "(default 5s)", "typed flags show their defaults")
+	require.Less(t, strings.Index(out, "-period"), strings.Index(out, "configuration flags"), "the command's own flags come first")
+	code, out, _ = runCLI(t, map[string]string{}, "--version")
+	require.Equal(t, 0, code)
+	require.True(t, strings.HasPrefix(out, "coordinator "), out)
+	code, out2, _ := runCLI(t, map[string]string{}, "version")
+	require.Equal(t, 0, code)
+	require.Equal(t, out, out2)
+	code, _, errs := runCLI(t, map[string]string{}, "run", "nope")
+	require.Equal(t, job.ExitUsage, code)
+	require.Contains(t, errs, `unknown kind "nope"`)
 }

@@ -16,15 +16,15 @@ import (
 )
 
 func init() {
-	register(command{name: "watch", summary: "tail ownership events: one line each (--json, --from-beginning)", run: runWatch})
+	register(command{name: "watch", summary: "tail ownership events: one line each (--json, --from-beginning)", run: runWatch, ownHelp: true})
 }
 
 // runWatch reads the events topic partition by partition, with no consumer
 // group, so any number of watchers see every event and steal none. It ends
 // on SIGINT/SIGTERM (ctx), closing the client within a bound.
 func runWatch(ctx context.Context, cio cliIO, args []string) int {
-	fs := newFlagSet(cio, "watch")
-	asJSON := fs.Bool("json", false, "print the raw CloudEvents JSON, one per line")
+	fs := newFlagSet(cio, "watch", "[--json] [--from-beginning] [flags]")
+	asJSON := jsonFlag(fs)
 	fromStart := fs.Bool("from-beginning", false, "start at the oldest retained event instead of new ones")
 	cfg, rest, code := parseConfig(cio, fs, args)
 	if code != 0 {

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,7 +22,9 @@ import (
 // COORDINATOR_LOCK_ENABLED=false, the in-memory Locker (single-replica mode,
 // loudly logged). Closing the Locker also closes its Redis client. The
 // returned Locker is also an ownership.Inspector; the Redis one has
-// Ping(ctx) error for readiness.
+// Ping(ctx) error for readiness. A Redis whose eviction policy can evict
+// lock keys is refused (an evicted lock lets a second holder in); one that
+// does not answer yet only logs, and acquisitions fail closed until it does.
 func openLocker(ctx context.Context, cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (ownership.Locker, error) {
 	metrics := ownership.NewMetrics(reg)
 	if !cfg.LockEnabled {
@@ -37,24 +42,32 @@ func openLocker(ctx context.Context, cfg config.Config, log *slog.Logger, reg pr
 	l, err := redislock.New(client, redislock.Config{
 		Prefix: cfg.LockKeyPrefix, Owner: cfg.ReplicaID, WaitTime: cfg.LockWaitTime,
 		WatchdogTimeout: cfg.LockWatchdogTimeout, Logger: log, Metrics: metrics,
+		WaitReplicas: cfg.LockWaitReplicas, ReplicaTimeout: cfg.LockWaitReplicasTimeout,
 	})
 	if err != nil {
 		_ = client.Close()
 		return nil, err
 	}
-	pingCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	checkCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if err := l.Ping(pingCtx); err != nil {
-		// Not fatal: acquisitions fail closed until Redis answers.
+	switch err := l.CheckServer(checkCtx); {
+	case errors.Is(err, redislock.ErrUnsafeEviction):
+		_ = l.Close()
+		_ = client.Close()
+		return nil, fmt.Errorf("COORDINATOR_LOCK_REDIS_URL: %w", err)
+	case err != nil:
+		// Not fatal: acquisitions fail closed until Redis answers (and are
+		// refused then, if its eviction policy turns out unsafe).
 		log.Warn("lock_backend_unreachable", "mode", cfg.LockRedisMode, "error", err)
 	}
-	return &clientLocker{Locker: l, client: client}, nil
+	return &clientLocker{Locker: l, client: client, prefix: cmp.Or(cfg.LockKeyPrefix, "coordinator")}, nil
 }
 
 // clientLocker closes the Redis client after the Locker.
 type clientLocker struct {
 	*redislock.Locker
 	client redis.UniversalClient
+	prefix string
 }
 
 func (c *clientLocker) Close() error {
@@ -63,4 +76,28 @@ func (c *clientLocker) Close() error {
 		err = errors.Join(err, cerr)
 	}
 	return err
+}
+
+// LockTTL reads key's lock on Redis: how long Redis will keep it, and
+// whether it is still the term with fence. `coordinator lock` times its
+// command's termination by what Redis confirms rather than by renewals it
+// hopes have landed, and kills at once when the lock is gone or taken over.
+// It reads the contract's layout: the hash <prefix>:{<key>}:lock with the
+// holder's fence in its fence field.
+func (c *clientLocker) LockTTL(ctx context.Context, key string, fence int64) (time.Duration, bool, error) {
+	name := c.prefix + ":{" + key + "}:lock"
+	var got *redis.StringCmd
+	var ttl *redis.DurationCmd
+	_, err := c.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		got = p.HGet(ctx, name, "fence")
+		ttl = p.PTTL(ctx, name)
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return 0, false, err
+	}
+	if got.Val() != strconv.FormatInt(fence, 10) || ttl.Val() <= 0 {
+		return 0, false, nil
+	}
+	return ttl.Val(), true, nil
 }

@@ -64,3 +64,17 @@ func TestOpenLockerRedis(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEmpty(t, mfs, "metrics registered")
 }
+
+// A Redis that may evict lock keys is refused at start, naming the setting.
+func TestOpenLockerRefusesAnEvictingRedis(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedisServerWith(t, testenv.RedisServerOptions{Args: []string{"--maxmemory", "64mb", "--maxmemory-policy", "volatile-lru"}})
+	cfg, _, err := config.Load("test", nil, func(k string) string {
+		return map[string]string{"COORDINATOR_LOCK_REDIS_URL": srv.URL(), "COORDINATOR_REPLICA_ID": "r1"}[k]
+	})
+	require.NoError(t, err)
+	_, err = openLocker(context.Background(), cfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	require.ErrorContains(t, err, "COORDINATOR_LOCK_REDIS_URL")
+	require.ErrorContains(t, err, "maxmemory-policy volatile-lru")
+	require.ErrorContains(t, err, "noeviction")
+}

@@ -113,7 +113,7 @@ func (e *benchEnv) runner(workers, batch int, reg *prometheus.Registry) time.Dur
 	if reg != nil {
 		m = billrun.NewMetrics(reg)
 	}
-	r := billrun.New(e.pg.Pool, l, events.EmitterFunc(func(context.Context, events.Event) {}),
+	r := newRunner(e.pg.Pool, l, "", events.EmitterFunc(func(context.Context, events.Event) {}),
 		billrun.Config{Workers: workers, BatchSize: batch, Metrics: m})
 	start := time.Now()
 	res := r.Run(context.Background(), period, job.Trigger{Source: job.SourceCLI})

@@ -1,19 +1,26 @@
 // Package billrun runs a billing period's bill run with one owner across
 // replicas: ADR-024's first consumer (billing-service's RunBillCommandHandler
-// and BillRunBatchProcessor, re-thought).
+// and BillRunBatchProcessor, re-thought). It is a kind of owned run (Kind;
+// its Worker is a Claimer): the owned template takes the lock, calls Claim
+// and Run, emits the ownership events and releases; this package claims,
+// plans and runs the fenced batches. Files: kind.go (the kind: spec,
+// decoding, flags), claim.go, plan.go, batch.go, retry.go, run.go (the run's
+// end), status.go, sql.go.
 //
 // # A run
 //
 // For a period P ("2026-11", see ParsePeriod):
 //
-//  1. Acquire the ownership lock billrun:P in watchdog mode. Contended: event
-//     ownership.already_owned naming the owner, outcome already_owned.
+//  1. The template acquires the ownership lock billrun:P in watchdog mode.
+//     Contended: event ownership.already_owned naming the owner, outcome
+//     already_owned.
 //     Backend down: ownership.unavailable, outcome unavailable. Nothing runs.
 //  2. Claim the bill_runs row in one statement (sqlClaim): a COMPLETED row is
 //     left alone (run.already_completed, release, outcome already_completed);
 //     otherwise fence = fence + 1, owner = this replica, status RUNNING,
-//     lock_fence = the Redis lease's fencing token. Claim stops here, so an
-//     HTTP caller can answer 202 once ownership is proven; Execute goes on.
+//     lock_fence = the Redis lease's fencing token. The template's Begin stops
+//     here, so an HTTP caller can answer 202 once ownership is proven;
+//     Execute goes on with Run.
 //  3. Plan batches: keyset steps of BatchSize over ACTIVE subscriber ids (the
 //     partial index subscribers_active_id), never entering a range already
 //     in bill_run_batches for P (resume). The planner streams batches to the
@@ -35,7 +42,7 @@
 //
 // # Events
 //
-// Through the events.Emitter given to New: Key = the lock key, Job
+// Through the template's events.Emitter: Key = the lock key, Job
 // "billrun", Replica, Trigger (the trigger's source), RequestID. Fence is the
 // bill_runs claim fence once the period is claimed (data.lock_fence carries
 // the Redis lease's token); ownership.acquired, emitted before the claim,

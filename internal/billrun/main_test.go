@@ -5,11 +5,13 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/telco-platform/coordinator/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	cleanupBinary()
+	testenv.RemoveBinaries()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			os.Stderr.WriteString("goleak: " + err.Error() + "\n")

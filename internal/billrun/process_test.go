@@ -8,9 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,45 +17,12 @@ import (
 
 	"github.com/telco-platform/coordinator/internal/billrun"
 	"github.com/telco-platform/coordinator/internal/job"
-	"github.com/telco-platform/coordinator/internal/ownership"
 	"github.com/telco-platform/coordinator/internal/testenv"
 )
 
 // The tests in this file run the built `coordinator` binary as separate
 // processes, with the real Redis locker and real Postgres: one process per
 // replica, so that kill -9 and SIGSTOP hit a whole replica.
-
-var (
-	binOnce sync.Once
-	binDir  string
-	binPath string
-	binErr  error
-)
-
-// coordinatorBinary builds ./cmd/coordinator once per test binary.
-func coordinatorBinary(t *testing.T) string {
-	t.Helper()
-	binOnce.Do(func() {
-		binDir, binErr = os.MkdirTemp("", "billrun-bin-")
-		if binErr != nil {
-			return
-		}
-		binPath = filepath.Join(binDir, "coordinator")
-		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/coordinator")
-		cmd.Dir = filepath.Join("..", "..")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			binErr = fmt.Errorf("go build ./cmd/coordinator: %v: %s", err, out)
-		}
-	})
-	require.NoError(t, binErr)
-	return binPath
-}
-
-func cleanupBinary() {
-	if binDir != "" {
-		_ = os.RemoveAll(binDir)
-	}
-}
 
 // world is what every replica process of one test shares: a schema of its
 // own and a Redis key prefix of its own.
@@ -87,7 +52,7 @@ type replica struct {
 // to (and overrides) the base settings.
 func (w *world) start(t *testing.T, id string, env ...string) *replica {
 	t.Helper()
-	bin := coordinatorBinary(t)
+	bin := testenv.CoordinatorBinary(t)
 	r := &replica{id: id, done: make(chan struct{})}
 	r.cmd = exec.Command(bin, "run", "billrun", "--period", period.String())
 	base := []string{
@@ -302,9 +267,7 @@ func TestProcessPausedOwnerCannotCommit(t *testing.T) {
 // statusOf reads the period's bill_runs row.
 func statusOf(t *testing.T, w *world) billrun.Status {
 	t.Helper()
-	l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "reader"})
-	defer l.Close()
-	st, err := billrun.New(w.pool, l, nil, billrun.Config{}).Status(context.Background(), period)
+	st, err := billrun.ReadStatus(context.Background(), w.pool, period)
 	require.NoError(t, err)
 	return st
 }

@@ -136,7 +136,7 @@ func TestPostgresRestartMidRun(t *testing.T) {
 			}
 			return nil
 		}
-		res := b.runner(billrun.Config{BatchSize: 100, Workers: 2, MaxBatchAttempts: 8, RetryBackoff: 100 * time.Millisecond, BeforeBatch: hook}).
+		res := b.runner(billrun.WithBeforeBatch(billrun.Config{BatchSize: 100, Workers: 2, MaxBatchAttempts: 8, RetryBackoff: 100 * time.Millisecond}, hook)).
 			Run(ctx, period, trig())
 		require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
 		require.Positive(t, res.Counts["batches_retried"], "a batch met the restart")
@@ -159,7 +159,7 @@ func TestPostgresRestartMidRun(t *testing.T) {
 			}
 			return nil
 		}
-		res := b.runner(billrun.Config{BatchSize: 100, Workers: 1, MaxBatchAttempts: 2, RetryBackoff: 50 * time.Millisecond, BeforeBatch: hook}).
+		res := b.runner(billrun.WithBeforeBatch(billrun.Config{BatchSize: 100, Workers: 1, MaxBatchAttempts: 2, RetryBackoff: 50 * time.Millisecond}, hook)).
 			Run(ctx, p, trig())
 		<-restarted
 		require.Equal(t, job.OutcomeFailed, res.Outcome)

@@ -13,8 +13,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/telco-platform/coordinator/internal/billrun"
+	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/owned"
 	"github.com/telco-platform/coordinator/internal/ownership"
 	"github.com/telco-platform/coordinator/internal/testenv"
 )
@@ -36,18 +38,52 @@ func setup(t *testing.T) *bundle {
 	return &bundle{pool: pg.Pool, locker: l, rec: &events.Recorder{}}
 }
 
-func (b *bundle) runner(cfg billrun.Config) *billrun.Runner {
-	return b.runnerWith(b.locker, cfg)
+// runner runs the bill-run kind through the owned template, as a replica
+// does, with the locker's owner as the replica id.
+type runner struct {
+	template *owned.Runner
+	kind     *billrun.Kind
+	pool     *pgxpool.Pool
 }
 
-func (b *bundle) runnerWith(l ownership.Locker, cfg billrun.Config) *billrun.Runner {
+func (r runner) Run(ctx context.Context, p billrun.Period, t job.Trigger) job.Result {
+	return r.template.Run(ctx, r.kind, p, t)
+}
+
+func (r runner) Claim(ctx context.Context, p billrun.Period, t job.Trigger) (*owned.Owned, job.Result) {
+	return r.template.Begin(ctx, r.kind, p, t)
+}
+
+func (r runner) Status(ctx context.Context, p billrun.Period) (billrun.Status, error) {
+	return billrun.ReadStatus(ctx, r.pool, p)
+}
+
+func (b *bundle) runner(cfg billrun.Config) runner {
+	return b.runnerWith(b.locker, "", cfg)
+}
+
+// runnerWith uses l; replica "" is l's owner.
+func (b *bundle) runnerWith(l ownership.Locker, replica string, cfg billrun.Config) runner {
 	if cfg.BatchSize == 0 {
 		cfg.BatchSize = 25
 	}
 	if cfg.RetryBackoff == 0 {
 		cfg.RetryBackoff = 10 * time.Millisecond
 	}
-	return billrun.New(b.pool, l, b.rec, cfg)
+	return newRunner(b.pool, l, replica, b.rec, cfg)
+}
+
+func newRunner(pool *pgxpool.Pool, l ownership.Locker, replica string, emit events.Emitter, cfg billrun.Config) runner {
+	k := billrun.New(cfg)
+	reg, err := owned.NewRegistry(k)
+	if err != nil {
+		panic(err)
+	}
+	r, err := owned.NewRunner(reg, owned.Deps{Config: config.Config{ReplicaID: replica}, DB: pool, Locker: l}, emit)
+	if err != nil {
+		panic(err)
+	}
+	return runner{template: r, kind: k, pool: pool}
 }
 
 func (b *bundle) seed(t *testing.T, cfg billrun.SeedConfig) billrun.SeedResult {
@@ -222,7 +258,7 @@ func TestConcurrentRunnersOneOwner(t *testing.T) {
 	var wg sync.WaitGroup
 	results := make([]job.Result, 3)
 	for i := range results {
-		r := b.runner(billrun.Config{ReplicaID: fmt.Sprintf("replica-%d", i), BatchSize: 10})
+		r := b.runnerWith(b.locker, fmt.Sprintf("replica-%d", i), billrun.Config{BatchSize: 10})
 		wg.Go(func() { results[i] = r.Run(context.Background(), period, trig()) })
 	}
 	wg.Wait()
@@ -289,7 +325,7 @@ func TestLeaseLossInterruptsAndANewRunResumes(t *testing.T) {
 	b := setup(t)
 	b.seed(t, billrun.SeedConfig{Subscribers: 500, SuspendedRatio: 0.1})
 	key := billrun.LockKey(period)
-	r := b.runner(billrun.Config{Workers: 1, BeforeBatch: stopAfter(3, func() { b.locker.DeleteLock(key) })})
+	r := b.runner(billrun.WithBeforeBatch(billrun.Config{Workers: 1}, stopAfter(3, func() { b.locker.DeleteLock(key) })))
 	res := r.Run(context.Background(), period, trig())
 	require.Equal(t, job.OutcomeLost, res.Outcome, res.Error)
 	require.Equal(t, job.ExitLost, res.Outcome.ExitCode())
@@ -318,7 +354,7 @@ func TestShutdownInterruptsAndReleases(t *testing.T) {
 	b.seed(t, billrun.SeedConfig{Subscribers: 200})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	r := b.runner(billrun.Config{Workers: 2, BeforeBatch: stopAfter(2, cancel)})
+	r := b.runner(billrun.WithBeforeBatch(billrun.Config{Workers: 2}, stopAfter(2, cancel)))
 	c, res := r.Claim(ctx, period, trig())
 	require.NotNil(t, c, res.Error)
 	require.Equal(t, int64(1), c.Fence())
@@ -349,7 +385,7 @@ func TestStaleFenceCannotCommit(t *testing.T) {
 	// Another process (its own locker: the stale one's Redis lease expired).
 	other := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "replica-b"})
 	defer other.Close()
-	fresh, res := b.runnerWith(other, billrun.Config{}).Claim(context.Background(), period, trig())
+	fresh, res := b.runnerWith(other, "", billrun.Config{}).Claim(context.Background(), period, trig())
 	require.NotNil(t, fresh, res.Error)
 	require.Equal(t, int64(2), fresh.Fence())
 

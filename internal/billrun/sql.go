@@ -9,6 +9,11 @@ package billrun
 // row FOR SHARE under the previous fence; once it commits, those fence checks
 // find no row.
 //
+// A lock fence below the one the row recorded is refused (nothing is
+// returned): that holder's lock was lost and re-taken by a newer holder
+// (Redis fences rise per key, also across restarts and failovers), so a
+// stale holder cannot take the run from the newer one.
+//
 // $1 period, $2 owner, $3 lock fence.
 const sqlClaim = `
 insert into bill_runs as r (period, status, owner, fence, lock_fence, attempts, started_at, updated_at)
@@ -24,6 +29,7 @@ set status      = 'RUNNING',
     last_error  = null,
     updated_at  = clock_timestamp()
 where r.status <> 'COMPLETED'
+  and (r.lock_fence is null or r.lock_fence <= excluded.lock_fence)
 returning r.fence`
 
 // sqlStatus reads a period's row with totals summed from its committed batches.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // bill_runs.status values.
@@ -38,14 +39,14 @@ type Status struct {
 	LastError  string           `json:"last_error,omitempty"`
 }
 
-// Status reads p's bill run; ErrNotFound when there is none.
-func (r *Runner) Status(ctx context.Context, p Period) (Status, error) {
+// ReadStatus reads p's bill run; ErrNotFound when there is none.
+func ReadStatus(ctx context.Context, pool *pgxpool.Pool, p Period) (Status, error) {
 	var (
 		s                               Status
 		lockFence                       *int64
 		batches, subs, created, already int64
 	)
-	err := r.pool.QueryRow(ctx, sqlStatus, p.String()).Scan(&s.Period, &s.Status, &s.Owner, &s.Fence, &lockFence,
+	err := pool.QueryRow(ctx, sqlStatus, p.String()).Scan(&s.Period, &s.Status, &s.Owner, &s.Fence, &lockFence,
 		&s.Attempts, &s.StartedAt, &s.FinishedAt, &s.UpdatedAt, &s.LastError, &batches, &subs, &created, &already)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Status{}, fmt.Errorf("%w %s", ErrNotFound, p)

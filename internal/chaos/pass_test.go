@@ -35,7 +35,8 @@ func binaries(t *testing.T) string {
 		}
 		for _, b := range []struct{ out, tags, pkg string }{
 			{"coordinator", "", "./cmd/coordinator"},
-			{"coordinator-sabotage", SabotageTag, "./cmd/coordinator"},
+			{"coordinator-chaos", "testhooks", "./cmd/coordinator"},
+			{"coordinator-sabotage", "testhooks," + SabotageTag, "./cmd/coordinator"},
 			{"chaos", "", "./cmd/chaos"},
 		} {
 			args := []string{"build", "-o", filepath.Join(buildDir, b.out)}
@@ -71,7 +72,7 @@ func TestShippedBuildIsNotSabotaged(t *testing.T) {
 	for _, c := range []struct {
 		bin  string
 		want bool
-	}{{"coordinator", false}, {"coordinator-sabotage", true}} {
+	}{{"coordinator", false}, {"coordinator-chaos", false}, {"coordinator-sabotage", true}} {
 		path := filepath.Join(dir, c.bin)
 		got, err := IsSabotaged(path)
 		require.NoError(t, err)
@@ -169,7 +170,7 @@ func TestSabotagePassReportsAnomalies(t *testing.T) {
 // The verifier refuses to run the sabotaged build as if it were the product.
 func TestVerifierRefusesMismatchedBuild(t *testing.T) {
 	dir := binaries(t)
-	prerequisites(t, filepath.Join(dir, "coordinator"))
+	prerequisites(t, filepath.Join(dir, "coordinator-chaos"))
 	code, out, _ := runPass(t, "CHAOS_COORDINATOR="+filepath.Join(dir, "coordinator-sabotage"), "CHAOS_DURATION=10")
 	require.Equal(t, 64, code)
 	require.Contains(t, out, "is the sabotaged build")

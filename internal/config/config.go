@@ -35,6 +35,12 @@ type Config struct {
 	LockWaitTime time.Duration
 	// LockWatchdogTimeout is the TTL of watchdog-managed leases. Default 30s.
 	LockWatchdogTimeout time.Duration
+	// LockWaitReplicas is how many replicas must acknowledge (Redis WAIT) an
+	// acquisition or renewal: 0 auto (the replicas the master reports
+	// online; the default), -1 none, N > 0 that many.
+	LockWaitReplicas int
+	// LockWaitReplicasTimeout bounds each WAIT. Default 200ms.
+	LockWaitReplicasTimeout time.Duration
 
 	// KafkaBrokers are the seed brokers. Default 127.0.0.1:9092.
 	KafkaBrokers []string
@@ -120,6 +126,16 @@ func settings() []setting {
 				c.LockWatchdogTimeout, err = duration(v, 300*time.Millisecond)
 				return err
 			}},
+		{env: "COORDINATOR_LOCK_REDIS_WAIT_REPLICAS", flag: "lock-redis-wait-replicas", usage: "replicas that must acknowledge an acquisition or renewal (WAIT): auto, none or a count", def: lit("auto"),
+			apply: func(c *Config, v string) (err error) { c.LockWaitReplicas, err = waitReplicas(v); return err }},
+		{env: "COORDINATOR_LOCK_REDIS_WAIT_TIMEOUT", flag: "lock-redis-wait-timeout", usage: "bound of each WAIT for replicas", def: lit("200ms"),
+			apply: func(c *Config, v string) (err error) {
+				c.LockWaitReplicasTimeout, err = duration(v, time.Millisecond)
+				if err == nil && c.LockWaitReplicasTimeout > time.Second {
+					err = errors.New("must be at most 1s (below the Redis read timeout)")
+				}
+				return err
+			}},
 		{env: "COORDINATOR_KAFKA_BROKERS", flag: "kafka-brokers", usage: "comma-separated seed brokers", def: lit("127.0.0.1:9092"),
 			apply: func(c *Config, v string) error { c.KafkaBrokers = splitList(v); return checkBrokers(c.KafkaBrokers) }},
 		{env: "COORDINATOR_KAFKA_CREATE_TOPICS", flag: "kafka-create-topics", usage: "create missing contract topics at start", def: lit("true"),
@@ -195,17 +211,60 @@ type Binding struct {
 	vals   []*string
 }
 
-// Bind adds every configuration flag to fs. After fs.Parse, call Config.
+// Bind adds every configuration flag to fs, each with its type and its
+// default (as the environment leaves it; secrets are not shown) in -h.
+// After fs.Parse, call Config.
 func Bind(fs *flag.FlagSet, getenv func(string) string) *Binding {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
 	b := &Binding{fs: fs, getenv: getenv}
 	for _, s := range settings() {
-		b.vals = append(b.vals, fs.String(s.flag, "", s.usage+" ($"+s.env+")"))
+		typ := cmpOr(flagTypes[s.flag], "string")
+		v := &flagValue{bool: typ == "bool"}
+		if !s.secret {
+			v.raw = s.def(getenv)
+		}
+		// A back-quoted type is what -h shows after the flag's name; a bool
+		// flag takes no argument, so it shows none.
+		quoted := "`" + typ + "`"
+		if v.bool {
+			quoted = typ
+		}
+		fs.Var(v, s.flag, fmt.Sprintf("%s (%s, $%s)", s.usage, quoted, s.env))
+		v.raw = ""
+		b.vals = append(b.vals, &v.raw)
 	}
 	return b
 }
+
+// flagTypes name each flag's type in -h (string when absent); "bool" flags
+// also take no argument (--lock-enabled=false).
+var flagTypes = map[string]string{
+	"database-url": "dsn", "lock-enabled": "bool", "lock-redis-url": "url", "lock-wait-time": "duration",
+	"lock-watchdog-timeout": "duration", "kafka-brokers": "host:port,...", "kafka-create-topics": "bool",
+	"http-addr": "host:port", "reaper-schedule": "cron", "reaper-lease": "duration", "reaper-batch-size": "int",
+	"reaper-min-hold": "duration", "billrun-schedule": "cron", "billrun-batch-size": "int", "billrun-workers": "int",
+	"shutdown-timeout": "duration", "log-level": "level", "log-format": "format",
+}
+
+// flagValue keeps a flag's raw text: Config parses it with the variable's
+// own rules, so that a bad flag value is reported like a bad variable.
+type flagValue struct {
+	raw  string
+	bool bool
+}
+
+func (v *flagValue) String() string {
+	if v == nil {
+		return ""
+	}
+	return v.raw
+}
+
+func (v *flagValue) Set(s string) error { v.raw = s; return nil }
+
+func (v *flagValue) IsBoolFlag() bool { return v != nil && v.bool }
 
 // Config reads the environment, then the parsed flags (a flag wins over its
 // variable), fills defaults and validates. Nothing is contacted.
@@ -355,6 +414,21 @@ func checkRedisURL(v string) error {
 		return errors.New("missing host")
 	}
 	return nil
+}
+
+// waitReplicas parses auto (0), none (-1) or a count 1..16.
+func waitReplicas(v string) (int, error) {
+	switch v {
+	case "auto":
+		return 0, nil
+	case "none":
+		return -1, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > 16 {
+		return 0, errors.New("must be auto, none or a count from 1 to 16")
+	}
+	return n, nil
 }
 
 func checkPrefix(v string) error {

@@ -30,6 +30,17 @@ func TestDefaults(t *testing.T) {
 	require.Empty(t, c.BillrunSchedule)
 	require.NotEmpty(t, c.ReplicaID)
 	require.Equal(t, "coordinator", c.KafkaGroup)
+	require.Equal(t, 0, c.LockWaitReplicas, "auto")
+	require.Equal(t, 200*time.Millisecond, c.LockWaitReplicasTimeout)
+}
+
+func TestWaitReplicas(t *testing.T) {
+	t.Parallel()
+	for v, want := range map[string]int{"auto": 0, "none": -1, "2": 2} {
+		c, _, err := config.Load("serve", nil, env(map[string]string{"COORDINATOR_LOCK_REDIS_WAIT_REPLICAS": v}))
+		require.NoError(t, err, v)
+		require.Equal(t, want, c.LockWaitReplicas, v)
+	}
 }
 
 func TestFallbacksAndFlagsWin(t *testing.T) {
@@ -56,6 +67,10 @@ func TestInvalidValuesNameTheVariable(t *testing.T) {
 		{"COORDINATOR_LOCK_ENABLED", "maybe"},
 		{"COORDINATOR_LOCK_REDIS_URL", "http://x"},
 		{"COORDINATOR_LOCK_REDIS_MODE", "ring"},
+		{"COORDINATOR_LOCK_REDIS_WAIT_REPLICAS", "some"},
+		{"COORDINATOR_LOCK_REDIS_WAIT_REPLICAS", "0"},
+		{"COORDINATOR_LOCK_REDIS_WAIT_TIMEOUT", "5s"},
+		{"COORDINATOR_LOCK_KEY_PREFIX", "a{b}"},
 		{"COORDINATOR_KAFKA_BROKERS", "nohostport"},
 		{"COORDINATOR_KAFKA_CREATE_TOPICS", "yes please"},
 		{"COORDINATOR_HTTP_ADDR", "8080"},

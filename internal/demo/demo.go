@@ -2,7 +2,8 @@
 // nothing but local programs: a throwaway PostgreSQL cluster and a
 // redis-server started from the installed binaries on free loopback ports,
 // an in-process Kafka (franz-go's kfake), and three replicas in this
-// process. It seeds subscribers and stale MSISDN reservations, fires the
+// process. cmd/coordinator-demo is its program; the production binary does
+// not carry it. It seeds subscribers and stale MSISDN reservations, fires the
 // same bill-run trigger from Kafka, HTTP and cron at the same instant,
 // prints the ownership timeline as it reads it back from the events topic,
 // then a summary, and stops everything it started.
@@ -30,6 +31,7 @@ import (
 
 	"github.com/telco-platform/coordinator/internal/billrun"
 	"github.com/telco-platform/coordinator/internal/config"
+	"github.com/telco-platform/coordinator/internal/kinds"
 	"github.com/telco-platform/coordinator/internal/migrate"
 	"github.com/telco-platform/coordinator/internal/msisdnreaper"
 	"github.com/telco-platform/coordinator/internal/postgres"
@@ -53,7 +55,8 @@ type Config struct {
 	Timeout time.Duration
 	// Binaries are the redis-server and PostgreSQL programs (FindBinaries).
 	Binaries Binaries
-	// OpenLocker builds each replica's Locker (the CLI's openLocker). Required.
+	// OpenLocker builds each replica's Locker. Default: the Redis adapter
+	// on the demo's redis-server.
 	OpenLocker replica.OpenLocker
 	// Out gets the timeline and the summary. Default os.Stdout.
 	Out io.Writer
@@ -62,11 +65,12 @@ type Config struct {
 	Log io.Writer
 	// LogLevel of the replicas' logs. Default info.
 	LogLevel slog.Level
-	// BatchDelay slows every bill-run batch (tests use it to make the run
-	// outlast the triggers). Default 0.
-	BatchDelay time.Duration
 	// BatchSize is subscribers per bill-run batch. Default 1000.
 	BatchSize int
+
+	// batchPause makes every bill-run batch transaction take at least this
+	// long, in the database (a test seam: the run outlasts the triggers).
+	batchPause time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -93,6 +97,9 @@ func (c Config) withDefaults() Config {
 	if c.Out == nil {
 		c.Out = os.Stdout
 	}
+	if c.OpenLocker == nil {
+		c.OpenLocker = openRedisLocker
+	}
 	return c
 }
 
@@ -105,9 +112,6 @@ var ErrCheckFailed = errors.New("demo: check failed")
 // before it returns, also when ctx is cancelled.
 func Run(ctx context.Context, cfg Config) (err error) {
 	cfg = cfg.withDefaults()
-	if cfg.OpenLocker == nil {
-		return errors.New("demo: no OpenLocker")
-	}
 	if cfg.Subscribers < 1 || cfg.Replicas < 1 {
 		return fmt.Errorf("demo: bad sizes: %d subscribers, %d stale reservations, %d replicas", cfg.Subscribers, cfg.StaleReservations, cfg.Replicas)
 	}
@@ -169,7 +173,11 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	cleanups = append(cleanups, func() { rd.stop(os.Interrupt, 10*time.Second) })
 	step("redis      %s (%s, pid %d)", strings.TrimPrefix(redisURL, "redis://"), cfg.Binaries.RedisServer, rd.cmd.Process.Pid)
 
-	names := topics.New("")
+	reg, err := kinds.Registry()
+	if err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
+	names := topics.New("", reg.Topics()...)
 	var seeds []kfake.Opt
 	for _, t := range names.All() {
 		seeds = append(seeds, kfake.SeedTopics(names.Partitions(t), t))
@@ -222,8 +230,13 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		if cerr != nil {
 			return fmt.Errorf("demo: replica config: %w", cerr)
 		}
+		// Each replica opens its own kinds (their Workers hold its pool).
+		rkinds, err := kinds.Registry()
+		if err != nil {
+			return fmt.Errorf("demo: %w", err)
+		}
 		reps[i] = replica.New(replica.Config{Config: rcfg, Log: logger.With("replica", id), OpenLocker: cfg.OpenLocker,
-			Version: "demo", BatchDelay: cfg.BatchDelay})
+			Kinds: rkinds, Version: "demo"})
 	}
 	stopReplicas := func() {
 		var wg sync.WaitGroup
@@ -253,7 +266,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	pause(runCtx, time.Until(fireAt))
 	var fired sync.WaitGroup
 	var httpLine, kafkaErr string
-	fired.Go(func() { kafkaErr = produceTrigger(runCtx, brokers, names.BillrunRequested, period.String()) })
+	fired.Go(func() { kafkaErr = produceTrigger(runCtx, brokers, names.Topic(billrun.Topic), period.String()) })
 	fired.Go(func() { httpLine = postTrigger(runCtx, reps[0], token, period.String()) })
 	fired.Wait()
 	if kafkaErr != "" {
@@ -358,6 +371,11 @@ func prepare(ctx context.Context, pool *pgxpool.Pool, cfg Config, period billrun
 	if _, err := m.Up(ctx); err != nil {
 		return 0, err
 	}
+	if cfg.batchPause > 0 {
+		if _, err := pool.Exec(ctx, fmt.Sprintf(sqlPauseBatches, cfg.batchPause.Seconds())); err != nil {
+			return 0, fmt.Errorf("demo: pause batches: %w", err)
+		}
+	}
 	res, err := billrun.Seed(ctx, pool, billrun.SeedConfig{Subscribers: cfg.Subscribers, FirstID: 1,
 		SuspendedRatio: 0.05, TerminatedRatio: 0.02, Usage: true, Period: period})
 	if err != nil {
@@ -372,6 +390,13 @@ func prepare(ctx context.Context, pool *pgxpool.Pool, cfg Config, period billrun
 	}
 	return res.Active, nil
 }
+
+// sqlPauseBatches makes each bill-run batch transaction sleep (%f seconds)
+// as it records its batch (Config.batchPause).
+const sqlPauseBatches = `
+create function demo_pause_batch() returns trigger language plpgsql as $$
+begin perform pg_sleep(%f); return new; end $$;
+create trigger demo_pause_batch before insert on bill_run_batches for each row execute function demo_pause_batch()`
 
 type checked struct {
 	status, owner        string

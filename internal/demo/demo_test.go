@@ -3,8 +3,6 @@ package demo
 import (
 	"bytes"
 	"context"
-	"errors"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -12,42 +10,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/events"
-	"github.com/telco-platform/coordinator/internal/ownership"
-	"github.com/telco-platform/coordinator/internal/ownership/redislock"
 	"github.com/telco-platform/coordinator/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
-
-// openLocker is the CLI's wiring, reduced to what the demo uses.
-func openLocker(_ context.Context, cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (ownership.Locker, error) {
-	client, err := redislock.NewClient(cfg.LockRedisURL, cfg.LockRedisMode)
-	if err != nil {
-		return nil, err
-	}
-	l, err := redislock.New(client, redislock.Config{Prefix: cfg.LockKeyPrefix, Owner: cfg.ReplicaID,
-		WaitTime: cfg.LockWaitTime, WatchdogTimeout: cfg.LockWatchdogTimeout, Logger: log, Metrics: ownership.NewMetrics(reg)})
-	if err != nil {
-		_ = client.Close()
-		return nil, err
-	}
-	return &closing{Locker: l, close: client.Close}, nil
-}
-
-type closing struct {
-	*redislock.Locker
-	close func() error
-}
-
-func (c *closing) Close() error { return errors.Join(c.Locker.Close(), c.close()) }
 
 func testBinaries(t *testing.T) Binaries {
 	t.Helper()
@@ -65,8 +38,8 @@ func TestDemoShowsOneRunAndWhoOwnsIt(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	err := Run(ctx, Config{
-		Subscribers: 6000, StaleReservations: 500, BatchSize: 1000, BatchDelay: 1500 * time.Millisecond,
-		Binaries: testBinaries(t), OpenLocker: openLocker, Out: &out, Timeout: 90 * time.Second,
+		Subscribers: 6000, StaleReservations: 500, BatchSize: 1000, batchPause: 1500 * time.Millisecond,
+		Binaries: testBinaries(t), Out: &out, Timeout: 90 * time.Second,
 	})
 	t.Log("\n" + out.String())
 	require.NoError(t, err)

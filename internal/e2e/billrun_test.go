@@ -26,7 +26,7 @@ func TestBillRunTriggeredFourTimesRunsOnce(t *testing.T) {
 	ids := []string{"kafka-1", "kafka-2", "kafka-3"}
 	var partition int32
 	for _, id := range ids {
-		partition, _ = d.produce(d.names.BillrunRequested, period, billRunTrigger(period, id))
+		partition, _ = d.produce(d.bills, period, billRunTrigger(period, id))
 	}
 	acquired := d.events.waitFor(t, 30*time.Second, 1, "ownership.acquired", ofType("ownership.acquired", key))
 	owner := acquired[0].str("replica")
@@ -63,9 +63,9 @@ func TestBillRunTriggeredFourTimesRunsOnce(t *testing.T) {
 	}
 	got := d.events.waitFor(t, 60*time.Second, len(ids), "outcome", outcome)
 	// Offsets are committed once handled: all three records.
-	eventually(t, 20*time.Second, func() bool { return d.committed(d.names.BillrunRequested, partition) == 3 },
+	eventually(t, 20*time.Second, func() bool { return d.committed(d.bills, partition) == 3 },
 		func() string {
-			return fmt.Sprintf("committed offset %d, want 3", d.committed(d.names.BillrunRequested, partition))
+			return fmt.Sprintf("committed offset %d, want 3", d.committed(d.bills, partition))
 		})
 	got = d.events.match(outcome)
 	require.Len(t, got, len(ids), "one outcome per trigger")

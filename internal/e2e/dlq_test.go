@@ -21,8 +21,8 @@ func TestMalformedTriggerGoesToDLQAndNextIsProcessed(t *testing.T) {
 	d.startReplicas(3, nil, "--reaper-schedule=")
 
 	malformed := `{"period":"2026-09","request_id":` // cut short
-	partition, badOffset := d.produce(d.names.BillrunRequested, period, malformed)
-	p2, _ := d.produce(d.names.BillrunRequested, period, billRunTrigger(period, "after-bad"))
+	partition, badOffset := d.produce(d.bills, period, malformed)
+	p2, _ := d.produce(d.bills, period, billRunTrigger(period, "after-bad"))
 	require.Equal(t, partition, p2, "same key, same partition: the valid record waits behind the bad one")
 
 	rejected := d.events.waitFor(t, 30*time.Second, 1, "trigger.rejected", ofType("trigger.rejected", key))
@@ -32,8 +32,8 @@ func TestMalformedTriggerGoesToDLQAndNextIsProcessed(t *testing.T) {
 	done := d.events.waitFor(t, 30*time.Second, 1, "run.completed", ofType("run.completed", key))
 	require.Equal(t, "after-bad", done[0].str("request_id"))
 	d.requireInvoicesExact(period)
-	eventually(t, 20*time.Second, func() bool { return d.committed(d.names.BillrunRequested, partition) == badOffset+2 },
-		func() string { return fmt.Sprintf("committed %d", d.committed(d.names.BillrunRequested, partition)) })
+	eventually(t, 20*time.Second, func() bool { return d.committed(d.bills, partition) == badOffset+2 },
+		func() string { return fmt.Sprintf("committed %d", d.committed(d.bills, partition)) })
 
 	// The DLQ holds the original bytes and says why.
 	recs := testenv.ReadRecords(t, d.brokers, d.names.DLQ, 1)
@@ -45,5 +45,5 @@ func TestMalformedTriggerGoesToDLQAndNextIsProcessed(t *testing.T) {
 		headers[h.Key] = string(h.Value)
 	}
 	require.Equal(t, "malformed_json", headers["reason"])
-	require.Equal(t, d.names.BillrunRequested, headers["source-topic"])
+	require.Equal(t, d.bills, headers["source-topic"])
 }

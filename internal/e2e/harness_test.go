@@ -15,7 +15,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -28,26 +27,14 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/goleak"
 
+	"github.com/telco-platform/coordinator/internal/billrun"
+	"github.com/telco-platform/coordinator/internal/kinds"
 	"github.com/telco-platform/coordinator/internal/testenv"
 	"github.com/telco-platform/coordinator/internal/topics"
 )
 
-var binary string
-
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "coordinator-e2e-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e:", err)
-		os.Exit(1)
-	}
-	binary = filepath.Join(dir, "coordinator")
-	build := exec.Command("go", "build", "-o", binary, "github.com/telco-platform/coordinator/cmd/coordinator")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "e2e: go build: %v\n%s", err, out)
-		_ = os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { _ = os.RemoveAll(dir) }))
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { testenv.RemoveBinaries() }))
 }
 
 // deployment is one isolated coordinator installation: its own Postgres
@@ -63,7 +50,9 @@ type deployment struct {
 	topicPfx string
 	group    string
 	names    topics.Names
-	token    string
+	// bills is the bill-run trigger topic.
+	bills string
+	token string
 	// env is what every replica gets (before its own extras).
 	env map[string]string
 
@@ -83,9 +72,12 @@ func newDeployment(t *testing.T, redisURL string) *deployment {
 		brokers:  kafka.Brokers,
 		topicPfx: kafka.Suffix,
 		group:    "g_" + kafka.Suffix,
-		names:    topics.New(kafka.Suffix),
 		token:    testenv.UniqueName("tok"),
 	}
+	reg, err := kinds.Registry()
+	require.NoError(t, err)
+	d.names = topics.New(kafka.Suffix, reg.Topics()...)
+	d.bills = d.names.Topic(billrun.Topic)
 	if redisURL == "" {
 		r := testenv.Redis(t)
 		d.redisURL, d.lockPrefix, d.redis = r.URL, r.Prefix, r.Client
@@ -111,7 +103,6 @@ func newDeployment(t *testing.T, redisURL string) *deployment {
 		"COORDINATOR_TEST_KAFKA_SESSION_TIMEOUT": "6s",
 	}
 
-	var err error
 	d.kc, err = kgo.NewClient(kgo.SeedBrokers(d.brokers...), kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)))
 	require.NoError(t, err)
 	t.Cleanup(d.kc.Close)
@@ -166,7 +157,7 @@ func (d *deployment) start(id string, extra map[string]string, args ...string) *
 	for k, v := range extra {
 		env = append(env, k+"="+v)
 	}
-	cmd := exec.Command(binary, append([]string{"serve"}, args...)...)
+	cmd := exec.Command(testenv.CoordinatorBinary(t), append([]string{"serve"}, args...)...)
 	cmd.Env = env
 	// A replica dies with the test binary, even one killed by a timeout.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

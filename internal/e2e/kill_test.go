@@ -24,7 +24,7 @@ func TestOwnerKilledMidRunAnotherResumes(t *testing.T) {
 		"COORDINATOR_LOCK_WATCHDOG_TIMEOUT":    "2s",
 	}, "--reaper-schedule=")
 
-	partition, offset := d.produce(d.names.BillrunRequested, period, billRunTrigger(period, "kill-me"))
+	partition, offset := d.produce(d.bills, period, billRunTrigger(period, "kill-me"))
 	acquired := d.events.waitFor(t, 30*time.Second, 1, "ownership.acquired", ofType("ownership.acquired", key))
 	first := acquired[0].str("replica")
 
@@ -48,7 +48,7 @@ func TestOwnerKilledMidRunAnotherResumes(t *testing.T) {
 	require.NoError(t, d.pg.Pool.QueryRow(ctx, `select (count(*) + 99) / 100 from subscribers where status = 'ACTIVE'`).Scan(&total))
 	require.NoError(t, d.pg.Pool.QueryRow(ctx, `select count(*) from bill_run_batches where period = $1`, period).Scan(&batches))
 	require.Less(t, batches, total, "killed before the last batch")
-	require.LessOrEqual(t, d.committed(d.names.BillrunRequested, partition), offset, "the in-flight trigger was not committed")
+	require.LessOrEqual(t, d.committed(d.bills, partition), offset, "the in-flight trigger was not committed")
 
 	done := d.events.waitFor(t, 60*time.Second, 1, "run.completed", ofType("run.completed", key))
 	resumer := done[0].str("replica")
@@ -65,6 +65,6 @@ func TestOwnerKilledMidRunAnotherResumes(t *testing.T) {
 	require.Equal(t, "COMPLETED", status)
 	require.Equal(t, resumer, owner)
 	require.EqualValues(t, 2, fence, "claimed twice")
-	eventually(t, 20*time.Second, func() bool { return d.committed(d.names.BillrunRequested, partition) == offset+1 },
-		func() string { return fmt.Sprintf("committed %d", d.committed(d.names.BillrunRequested, partition)) })
+	eventually(t, 20*time.Second, func() bool { return d.committed(d.bills, partition) == offset+1 },
+		func() string { return fmt.Sprintf("committed %d", d.committed(d.bills, partition)) })
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/telco-platform/coordinator/internal/billrun"
+	"github.com/telco-platform/coordinator/internal/kinds"
 	"github.com/telco-platform/coordinator/internal/msisdnreaper"
 	"github.com/telco-platform/coordinator/internal/topics"
 )
@@ -70,7 +71,7 @@ func TestGracefulShutdown(t *testing.T) {
 
 		// A later trigger resumes and completes it.
 		r2 := d.start("after", nil, "--reaper-schedule=")
-		d.produce(d.names.BillrunRequested, "2026-04", billRunTrigger("2026-04", "resume"))
+		d.produce(d.bills, "2026-04", billRunTrigger("2026-04", "resume"))
 		d.events.waitFor(t, 30*time.Second, 1, "run.completed", ofType("run.completed", "billrun:2026-04"))
 		d.requireInvoicesExact("2026-04")
 		require.Equal(t, 0, r2.terminate(t, 20*time.Second))
@@ -177,7 +178,9 @@ func TestReadinessNamesMissingTopics(t *testing.T) {
 	require.Equal(t, "NOT_READY", p.Code)
 	require.Equal(t, "ok", p.Checks["postgres"])
 	require.Equal(t, "ok", p.Checks["redis"])
-	for _, topic := range topics.New(prefix).All() {
+	reg, err := kinds.Registry()
+	require.NoError(t, err)
+	for _, topic := range topics.New(prefix, reg.Topics()...).All() {
 		require.Contains(t, p.Detail, topic, fmt.Sprintf("readiness names %s", topic))
 	}
 	require.Equal(t, 0, r.terminate(t, 20*time.Second))

@@ -24,13 +24,13 @@ func TestRedisDownTriggerIsRetriedNotLost(t *testing.T) {
 	d.startReplicas(3, nil, "--reaper-schedule=")
 
 	rds.Stop()
-	partition, offset := d.produce(d.names.BillrunRequested, period, billRunTrigger(period, "while-down"))
+	partition, offset := d.produce(d.bills, period, billRunTrigger(period, "while-down"))
 
 	// At least two unavailable events: the record is tried again, not skipped.
 	unavailable := d.events.waitFor(t, 45*time.Second, 2, "ownership.unavailable", ofType("ownership.unavailable", key))
 	require.Equal(t, "while-down", unavailable[0].str("request_id"))
 	require.Equal(t, unavailable[0].str("replica"), unavailable[1].str("replica"), "retried on the partition's owner")
-	require.LessOrEqual(t, d.committed(d.names.BillrunRequested, partition), offset, "not committed while Redis is down")
+	require.LessOrEqual(t, d.committed(d.bills, partition), offset, "not committed while Redis is down")
 	require.Empty(t, d.events.match(ofType("run.completed", key)))
 	var rows int64
 	require.NoError(t, d.pg.Pool.QueryRow(context.Background(), `select count(*) from invoices`).Scan(&rows))
@@ -40,6 +40,6 @@ func TestRedisDownTriggerIsRetriedNotLost(t *testing.T) {
 	done := d.events.waitFor(t, 60*time.Second, 1, "run.completed", ofType("run.completed", key))
 	require.Equal(t, "while-down", done[0].str("request_id"))
 	d.requireInvoicesExact(period)
-	eventually(t, 20*time.Second, func() bool { return d.committed(d.names.BillrunRequested, partition) == offset+1 },
-		func() string { return fmt.Sprintf("committed %d", d.committed(d.names.BillrunRequested, partition)) })
+	eventually(t, 20*time.Second, func() bool { return d.committed(d.bills, partition) == offset+1 },
+		func() string { return fmt.Sprintf("committed %d", d.committed(d.bills, partition)) })
 }

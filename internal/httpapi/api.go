@@ -1,17 +1,19 @@
 // Package httpapi is the coordinator's admin HTTP API: health and readiness,
-// Prometheus metrics, and the /v1 operations that start bill runs and reaper
-// sweeps, show a bill run's state and list held locks.
+// Prometheus metrics, list held locks, and for every registered kind of
+// owned run with an HTTP path (owned.Spec.HTTPPath): POST to start a run,
+// and GET {path}/{id} for a kind with run ids (owned.StatusKind).
 //
 // Errors are RFC 9457 problem documents (application/problem+json) with the
 // ADR-024 members code, reason, lockKey and owner where they apply. /v1/*
 // needs `Authorization: Bearer <COORDINATOR_ADMIN_TOKEN>`, compared in
 // constant time; with no token configured /v1/* answers 403.
 //
-// Status codes of POST /v1/billruns: 202 started (Location names the status
-// URL), 200 already completed, 409 already owned (owner named), 503 lock
-// backend unavailable or shutting down, 400 bad input, 401/403 auth, 500 the
-// run failed. POST /v1/msisdn-reaper/sweeps is synchronous: 200 completed,
-// 409 already owned, 503 unavailable or ownership lost mid-sweep, 500 failed.
+// Status codes of a POST: 200 completed or already completed, 409 already
+// owned (owner named), 503 lock backend unavailable, ownership lost mid-run
+// or shutting down, 400 bad input, 401/403 auth, 500 the run failed. A kind
+// with HTTPAsync (bill runs) answers 202 as soon as the run is owned and
+// claimed; Location names the status URL. The others wait for the outcome,
+// bounded by SyncTimeout.
 package httpapi
 
 import (
@@ -34,28 +36,25 @@ import (
 
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/owned"
 	"github.com/telco-platform/coordinator/internal/ownership"
 )
 
-// Dispatcher is the part of trigger.Dispatcher the API drives.
+// Dispatcher is the part of trigger.Dispatcher the API drives. Its errors
+// mean the work was refused (the replica is shutting down).
 type Dispatcher interface {
-	// StartBillRun claims the period synchronously; started=true means the
-	// run goes on in the background and res carries the claim (fence,
-	// owner). Otherwise res is final. err wraps job.ErrBadInput for a bad
-	// period.
-	StartBillRun(ctx context.Context, period string, t job.Trigger) (res job.Result, started bool, err error)
-	// Sweep runs one reaper sweep to its end.
-	Sweep(ctx context.Context, t job.Trigger) job.Result
+	// Run runs one owned run to its end.
+	Run(ctx context.Context, k owned.Kind, p owned.Params, t job.Trigger) (job.Result, error)
+	// Start takes the lock (and claim) synchronously; started=true means the
+	// run goes on in the background and res names the owner and fence.
+	// Otherwise res is final.
+	Start(ctx context.Context, k owned.Kind, p owned.Params, t job.Trigger) (res job.Result, started bool, err error)
+	// Status returns a run's state as a JSON-encodable value: an error
+	// wrapping job.ErrBadInput for an id that can never exist,
+	// owned.ErrNotFound when there is no such run, anything else means the
+	// store could not answer.
+	Status(ctx context.Context, k owned.Kind, id string) (any, error)
 }
-
-// StatusFunc returns a bill run's state for GET /v1/billruns/{period}, as a
-// JSON-encodable value. Errors: job.ErrBadInput for a malformed period,
-// ErrNotFound when the period has no bill run, anything else means the
-// store could not answer.
-type StatusFunc func(ctx context.Context, period string) (any, error)
-
-// ErrNotFound is what a StatusFunc returns for a period with no bill run.
-var ErrNotFound = errors.New("httpapi: not found")
 
 // Check is one readiness dependency. Check returns nil when the dependency
 // is usable; its error text is shown in /readyz.
@@ -70,10 +69,10 @@ type Config struct {
 	Replica string
 	// Token guards /v1/*. Empty: /v1/* answers 403.
 	Token string
-	// Dispatcher starts bill runs and sweeps. Required.
+	// Kinds are the kinds of owned run with routes. Required.
+	Kinds *owned.Registry
+	// Dispatcher runs them. Required.
 	Dispatcher Dispatcher
-	// Status answers GET /v1/billruns/{period}. Nil: 404 for every period.
-	Status StatusFunc
 	// Locks answers GET /v1/locks. Nil: an empty list.
 	Locks ownership.Inspector
 	// Checks are run by /readyz, concurrently, each bounded by CheckTimeout.
@@ -84,8 +83,9 @@ type Config struct {
 	Metrics http.Handler
 	// MaxBodyBytes bounds a request body. Default 64 KiB.
 	MaxBodyBytes int64
-	// SweepTimeout bounds a synchronous sweep request. Default 2m.
-	SweepTimeout time.Duration
+	// SyncTimeout bounds a synchronous run request (a kind without
+	// HTTPAsync). Default 2m.
+	SyncTimeout time.Duration
 	// Log receives one line per request (debug) and per failure (warn).
 	Log *slog.Logger
 	// Registerer gets coordinator_http_requests_total and
@@ -107,8 +107,8 @@ type API struct {
 
 // New builds the API; it validates cfg.
 func New(cfg Config) (*API, error) {
-	if cfg.Dispatcher == nil {
-		return nil, errors.New("httpapi: Config.Dispatcher is required")
+	if cfg.Dispatcher == nil || cfg.Kinds == nil {
+		return nil, errors.New("httpapi: Config.Dispatcher and Config.Kinds are required")
 	}
 	if cfg.CheckTimeout <= 0 {
 		cfg.CheckTimeout = 2 * time.Second
@@ -116,8 +116,8 @@ func New(cfg Config) (*API, error) {
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
 	}
-	if cfg.SweepTimeout <= 0 {
-		cfg.SweepTimeout = 2 * time.Minute
+	if cfg.SyncTimeout <= 0 {
+		cfg.SyncTimeout = 2 * time.Minute
 	}
 	for _, c := range cfg.Checks {
 		if c.Name == "" || c.Check == nil {
@@ -166,16 +166,20 @@ func (a *API) routes() {
 	if a.cfg.Metrics != nil {
 		m.Handle("GET /metrics", a.cfg.Metrics)
 	}
-	m.Handle("POST /v1/billruns", a.auth(a.postBillRun))
-	m.Handle("GET /v1/billruns/{period}", a.auth(a.getBillRun))
-	m.Handle("POST /v1/msisdn-reaper/sweeps", a.auth(a.postSweep))
 	m.Handle("GET /v1/locks", a.auth(a.getLocks))
-
 	// Other methods on known paths: 405 as a problem document.
-	allowed := map[string]string{
-		"/healthz": "GET, HEAD", "/readyz": "GET, HEAD",
-		"/v1/billruns": "POST", "/v1/billruns/{period}": "GET, HEAD",
-		"/v1/msisdn-reaper/sweeps": "POST", "/v1/locks": "GET, HEAD",
+	allowed := map[string]string{"/healthz": "GET, HEAD", "/readyz": "GET, HEAD", "/v1/locks": "GET, HEAD"}
+	for _, k := range a.cfg.Kinds.Kinds() {
+		path := k.Spec().HTTPPath
+		if path == "" {
+			continue
+		}
+		m.Handle("POST "+path, a.auth(a.postRun(k)))
+		allowed[path] = "POST"
+		if _, ok := k.(owned.StatusKind); ok {
+			m.Handle("GET "+path+"/{id}", a.auth(a.getStatus(k)))
+			allowed[path+"/{id}"] = "GET, HEAD"
+		}
 	}
 	if a.cfg.Metrics != nil {
 		allowed["/metrics"] = "GET, HEAD"
@@ -387,68 +391,64 @@ func trigger(r *http.Request, requestID, requestedBy string) job.Trigger {
 	return job.Trigger{Source: job.SourceHTTP, RequestID: requestID, RequestedBy: requestedBy}
 }
 
-// BillRunAccepted is the body of a 202 answer.
-type BillRunAccepted struct {
+// Accepted is the body of a 202 answer.
+type Accepted struct {
 	job.Result
 	Status    string `json:"status"`
-	StatusURL string `json:"status_url"`
+	StatusURL string `json:"status_url,omitempty"`
 }
 
-func (a *API) postBillRun(w http.ResponseWriter, r *http.Request) {
-	if a.refuseWhileDraining(w, r) {
-		return
+// postRun starts a run of k: decode the body (strict), then run it to its
+// end, or for an HTTPAsync kind, until it is owned.
+func (a *API) postRun(k owned.Kind) http.HandlerFunc {
+	spec := k.Spec()
+	return func(w http.ResponseWriter, r *http.Request) {
+		if a.refuseWhileDraining(w, r) {
+			return
+		}
+		body, ok := a.readBody(w, r)
+		if !ok {
+			return
+		}
+		req, err := DecodeRunRequest(k, body)
+		if err != nil {
+			writeProblem(w, r, newProblem(http.StatusBadRequest, CodeBadInput, badInputDetail(err)), 0)
+			return
+		}
+		t := trigger(r, req.RequestID, req.RequestedBy)
+		var (
+			res     job.Result
+			started bool
+		)
+		if spec.HTTPAsync {
+			res, started, err = a.cfg.Dispatcher.Start(r.Context(), k, req.Params, t)
+		} else {
+			ctx, cancel := context.WithTimeout(r.Context(), a.cfg.SyncTimeout)
+			res, err = a.cfg.Dispatcher.Run(ctx, k, req.Params, t)
+			cancel()
+		}
+		switch {
+		case err != nil && (a.Draining() || res.Outcome == job.OutcomeUnavailable):
+			// The dispatcher refused the work (it is shutting down).
+			writeProblem(w, r, newProblem(http.StatusServiceUnavailable, CodeShuttingDown,
+				"this replica takes no new work; retry on another replica"), 5)
+			return
+		case err != nil:
+			a.log.Warn("http_run_error", "job", spec.Name, "request_id", t.RequestID, "error", err)
+			writeProblem(w, r, newProblem(http.StatusInternalServerError, CodeInternal, "the run could not be started"), 0)
+			return
+		}
+		if !started {
+			a.writeResult(w, r, res)
+			return
+		}
+		acc := Accepted{Result: res, Status: "started"}
+		if sk, ok := k.(owned.StatusKind); ok {
+			acc.StatusURL = spec.HTTPPath + "/" + url.PathEscape(sk.StatusID(req.Params))
+			w.Header().Set("Location", acc.StatusURL)
+		}
+		writeJSON(w, http.StatusAccepted, acc)
 	}
-	body, ok := a.readBody(w, r)
-	if !ok {
-		return
-	}
-	req, err := DecodeBillRunRequest(body)
-	if err != nil {
-		writeProblem(w, r, newProblem(http.StatusBadRequest, CodeBadInput, err.Error()), 0)
-		return
-	}
-	t := trigger(r, req.RequestID, req.RequestedBy)
-	res, started, err := a.cfg.Dispatcher.StartBillRun(r.Context(), req.Period, t)
-	switch {
-	case errors.Is(err, job.ErrBadInput):
-		writeProblem(w, r, newProblem(http.StatusBadRequest, CodeBadInput, err.Error()), 0)
-		return
-	case err != nil && (a.Draining() || res.Outcome == job.OutcomeUnavailable):
-		// The dispatcher refused the work (it is shutting down).
-		writeProblem(w, r, newProblem(http.StatusServiceUnavailable, CodeShuttingDown,
-			"this replica takes no new work; retry on another replica"), 5)
-		return
-	case err != nil:
-		a.log.Warn("http_billrun_error", "period", req.Period, "request_id", t.RequestID, "error", err)
-		writeProblem(w, r, newProblem(http.StatusInternalServerError, CodeInternal, "the bill run could not be started"), 0)
-		return
-	}
-	statusURL := "/v1/billruns/" + url.PathEscape(req.Period)
-	if started {
-		w.Header().Set("Location", statusURL)
-		writeJSON(w, http.StatusAccepted, BillRunAccepted{Result: res, Status: "started", StatusURL: statusURL})
-		return
-	}
-	a.writeResult(w, r, res)
-}
-
-func (a *API) postSweep(w http.ResponseWriter, r *http.Request) {
-	if a.refuseWhileDraining(w, r) {
-		return
-	}
-	body, ok := a.readBody(w, r)
-	if !ok {
-		return
-	}
-	req, err := DecodeSweepRequest(body)
-	if err != nil {
-		writeProblem(w, r, newProblem(http.StatusBadRequest, CodeBadInput, err.Error()), 0)
-		return
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), a.cfg.SweepTimeout)
-	defer cancel()
-	res := a.cfg.Dispatcher.Sweep(ctx, trigger(r, req.RequestID, req.RequestedBy))
-	a.writeResult(w, r, res)
 }
 
 // writeResult answers with a final job result: 200 for completed and
@@ -494,28 +494,28 @@ func withCause(msg, cause string) string {
 	return msg + ": " + cause
 }
 
-func (a *API) getBillRun(w http.ResponseWriter, r *http.Request) {
-	period := r.PathValue("period")
-	if err := checkText("period", period, maxPeriodLen); err != nil {
-		writeProblem(w, r, newProblem(http.StatusBadRequest, CodeBadInput, err.Error()), 0)
-		return
-	}
-	if a.cfg.Status == nil {
-		writeProblem(w, r, newProblem(http.StatusNotFound, CodeNotFound, "no bill run for "+period), 0)
-		return
-	}
-	st, err := a.cfg.Status(r.Context(), period)
-	switch {
-	case err == nil:
-		writeJSON(w, http.StatusOK, st)
-	case errors.Is(err, job.ErrBadInput):
-		writeProblem(w, r, newProblem(http.StatusBadRequest, CodeBadInput, err.Error()), 0)
-	case errors.Is(err, ErrNotFound):
-		writeProblem(w, r, newProblem(http.StatusNotFound, CodeNotFound, "no bill run for "+period), 0)
-	default:
-		a.log.Warn("http_billrun_status_error", "period", period, "error", err)
-		writeProblem(w, r, newProblem(http.StatusServiceUnavailable, CodeBackendUnavailable,
-			"bill-run state could not be read: "+err.Error()), 5)
+// getStatus answers GET {path}/{id} for k.
+func (a *API) getStatus(k owned.Kind) http.HandlerFunc {
+	name := k.Spec().Name
+	return func(w http.ResponseWriter, r *http.Request) {
+		id := r.PathValue("id")
+		if err := checkText("id", id, maxPathIDLen); err != nil {
+			writeProblem(w, r, newProblem(http.StatusBadRequest, CodeBadInput, err.Error()), 0)
+			return
+		}
+		st, err := a.cfg.Dispatcher.Status(r.Context(), k, id)
+		switch {
+		case err == nil:
+			writeJSON(w, http.StatusOK, st)
+		case errors.Is(err, job.ErrBadInput):
+			writeProblem(w, r, newProblem(http.StatusBadRequest, CodeBadInput, err.Error()), 0)
+		case errors.Is(err, owned.ErrNotFound):
+			writeProblem(w, r, newProblem(http.StatusNotFound, CodeNotFound, fmt.Sprintf("no %s run %s", name, id)), 0)
+		default:
+			a.log.Warn("http_status_error", "job", name, "id", id, "error", err)
+			writeProblem(w, r, newProblem(http.StatusServiceUnavailable, CodeBackendUnavailable,
+				name+" state could not be read: "+err.Error()), 5)
+		}
 	}
 }
 

@@ -19,8 +19,11 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/telco-platform/coordinator/internal/billrun"
 	"github.com/telco-platform/coordinator/internal/httpapi"
 	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/msisdnreaper"
+	"github.com/telco-platform/coordinator/internal/owned"
 	"github.com/telco-platform/coordinator/internal/ownership"
 )
 
@@ -30,8 +33,17 @@ const token = "s3cret-token"
 
 var periodRE = regexp.MustCompile(`^2[0-9]{3}-(0[1-9]|1[0-2])$`)
 
+// testKinds are the real bill-run and sweep kinds: the API decodes their
+// bodies as in production.
+func testKinds(t testing.TB) *owned.Registry {
+	reg, err := owned.NewRegistry(billrun.New(billrun.Config{}), msisdnreaper.NewSweepKind(msisdnreaper.Config{}))
+	require.NoError(t, err)
+	return reg
+}
+
 // fakeDispatcher stands in for trigger.Dispatcher behind the API's own
-// interface. Outcomes are chosen per period; it records the triggers.
+// interface. Bill-run outcomes are chosen per period; it records the
+// triggers.
 type fakeDispatcher struct {
 	mu         sync.Mutex
 	outcomes   map[string]job.Outcome
@@ -41,20 +53,18 @@ type fakeDispatcher struct {
 	triggers   []job.Trigger
 }
 
-func (f *fakeDispatcher) StartBillRun(_ context.Context, period string, t job.Trigger) (job.Result, bool, error) {
+func (f *fakeDispatcher) Start(_ context.Context, k owned.Kind, p owned.Params, t job.Trigger) (job.Result, bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.triggers = append(f.triggers, t)
 	if f.err != nil {
 		return job.Result{Outcome: f.errOutcome}, false, f.err
 	}
-	if !periodRE.MatchString(period) {
-		return job.Result{}, false, job.BadInput("period %q is not YYYY-MM", period)
-	}
-	res := job.Result{Job: "billrun", Key: "billrun:" + period, Replica: "r1", RequestID: t.RequestID}
+	period := p.(billrun.Period).String()
+	res := job.Result{Job: k.Spec().Name, Key: k.LockKey(p), Replica: "r1", RequestID: t.RequestID}
 	o, ok := f.outcomes[period]
 	if !ok {
-		// Like billrun.Claim: a started run has an owner and a fence, no outcome yet.
+		// Like the template's Begin: a started run has an owner and a fence, no outcome yet.
 		res.Owner, res.Fence = "r1", 7
 		return res, true, nil
 	}
@@ -70,18 +80,33 @@ func (f *fakeDispatcher) StartBillRun(_ context.Context, period string, t job.Tr
 	return res, false, nil
 }
 
-func (f *fakeDispatcher) Sweep(_ context.Context, t job.Trigger) job.Result {
+func (f *fakeDispatcher) Run(_ context.Context, k owned.Kind, p owned.Params, t job.Trigger) (job.Result, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.triggers = append(f.triggers, t)
-	res := job.Result{Job: "msisdn-reaper", Key: "msisdn-reaper:sweep", Replica: "r1", Outcome: cmpOutcome(f.sweep), RequestID: t.RequestID}
+	if f.err != nil {
+		return job.Result{Outcome: f.errOutcome}, f.err
+	}
+	res := job.Result{Job: k.Spec().Name, Key: k.LockKey(p), Replica: "r1", Outcome: cmpOutcome(f.sweep), RequestID: t.RequestID}
 	if res.Outcome == job.OutcomeCompleted {
 		res.Counts = map[string]int64{"freed": 3}
 	}
 	if res.Outcome == job.OutcomeAlreadyOwned {
 		res.Owner = "r3"
 	}
-	return res
+	return res, nil
+}
+
+func (f *fakeDispatcher) Status(_ context.Context, _ owned.Kind, id string) (any, error) {
+	switch {
+	case !periodRE.MatchString(id):
+		return nil, job.BadInput("period %q is not YYYY-MM", id)
+	case id == "2026-11":
+		return map[string]any{"period": id, "status": "COMPLETED", "owner": "r1", "fence": 2}, nil
+	case id == "2026-12":
+		return nil, errors.New("postgres: connection refused")
+	}
+	return nil, owned.ErrNotFound
 }
 
 func (f *fakeDispatcher) lastTrigger(t *testing.T) job.Trigger {
@@ -123,18 +148,8 @@ func setup(t *testing.T, mod func(*httpapi.Config)) bundle {
 	cfg := httpapi.Config{
 		Replica:    "r1",
 		Token:      token,
+		Kinds:      testKinds(t),
 		Dispatcher: disp,
-		Status: func(_ context.Context, period string) (any, error) {
-			switch {
-			case !periodRE.MatchString(period):
-				return nil, job.BadInput("period %q is not YYYY-MM", period)
-			case period == "2026-11":
-				return map[string]any{"period": period, "status": "COMPLETED", "owner": "r1", "fence": 2}, nil
-			case period == "2026-12":
-				return nil, errors.New("postgres: connection refused")
-			}
-			return nil, httpapi.ErrNotFound
-		},
 		Locks:      fakeLocks{locks: []ownership.LockInfo{{Key: "billrun:2026-11", Owner: "r1", Fence: 4, Holds: 1, TTL: 30 * time.Second}}},
 		Metrics:    promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
 		Registerer: reg,
@@ -508,7 +523,9 @@ func TestNewValidates(t *testing.T) {
 	t.Parallel()
 	_, err := httpapi.New(httpapi.Config{})
 	require.ErrorContains(t, err, "Dispatcher")
-	_, err = httpapi.New(httpapi.Config{Dispatcher: &fakeDispatcher{}, Checks: []httpapi.Check{{Name: "x"}}})
+	_, err = httpapi.New(httpapi.Config{Dispatcher: &fakeDispatcher{}})
+	require.ErrorContains(t, err, "Kinds")
+	_, err = httpapi.New(httpapi.Config{Dispatcher: &fakeDispatcher{}, Kinds: testKinds(t), Checks: []httpapi.Check{{Name: "x"}}})
 	require.ErrorContains(t, err, `"x"`)
 }
 

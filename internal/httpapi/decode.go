@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/owned"
 )
 
 // DefaultMaxBodyBytes bounds a request body (64 KiB, like a Kafka trigger).
@@ -18,57 +19,67 @@ const DefaultMaxBodyBytes = 64 << 10
 // maxIDLen bounds request_id and requested_by.
 const maxIDLen = 128
 
-// maxPeriodLen is generous for YYYY-MM; the dispatcher validates the value.
-const maxPeriodLen = 32
+// maxPathIDLen bounds a run id in a path; the kind judges its value.
+const maxPathIDLen = 64
 
-// BillRunRequest is the body of POST /v1/billruns.
-type BillRunRequest struct {
-	Period      string `json:"period"`
-	RequestID   string `json:"request_id,omitempty"`
-	RequestedBy string `json:"requested_by,omitempty"`
-}
-
-// SweepRequest is the optional body of POST /v1/msisdn-reaper/sweeps.
-type SweepRequest struct {
-	RequestID   string `json:"request_id,omitempty"`
-	RequestedBy string `json:"requested_by,omitempty"`
+// RunRequest is a decoded POST body: the envelope every trigger shares and
+// the kind's Params.
+type RunRequest struct {
+	Params      owned.Params
+	RequestID   string
+	RequestedBy string
 }
 
 // ErrBodyTooLarge is returned when a body passes the size limit.
 var ErrBodyTooLarge = errors.New("httpapi: request body too large")
 
-// DecodeBillRunRequest reads one JSON object from body: unknown fields,
-// trailing data, a missing period and malformed ids are bad input (errors
-// wrap job.ErrBadInput and say what was wrong). It does not judge the
-// period's value: the dispatcher does (billrun.ParsePeriod).
-func DecodeBillRunRequest(body []byte) (BillRunRequest, error) {
-	var req BillRunRequest
-	if err := decodeStrict(body, &req, false); err != nil {
-		return BillRunRequest{}, err
+// DecodeRunRequest reads the body of POST {path} for kind k: empty, or one
+// JSON object with the optional request_id and requested_by and the kind's
+// own fields, which k.Decode judges. Unknown fields, trailing data and
+// malformed ids are bad input (errors wrap job.ErrBadInput and say what
+// was wrong).
+func DecodeRunRequest(k owned.Kind, body []byte) (RunRequest, error) {
+	var fields map[string]json.RawMessage
+	if err := decodeStrict(body, &fields, true); err != nil {
+		return RunRequest{}, err
 	}
-	if req.Period == "" {
-		return BillRunRequest{}, job.BadInput("period is required (YYYY-MM)")
+	if fields == nil {
+		fields = map[string]json.RawMessage{}
 	}
-	if err := checkText("period", req.Period, maxPeriodLen); err != nil {
-		return BillRunRequest{}, err
+	var req RunRequest
+	for name, dst := range map[string]*string{"request_id": &req.RequestID, "requested_by": &req.RequestedBy} {
+		raw, ok := fields[name]
+		if !ok {
+			continue
+		}
+		delete(fields, name)
+		var v *string
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return RunRequest{}, job.BadInput("field %q must be a string", name)
+		}
+		if v != nil {
+			*dst = *v
+		}
 	}
 	if err := checkIDs(req.RequestID, req.RequestedBy); err != nil {
-		return BillRunRequest{}, err
+		return RunRequest{}, err
 	}
+	p, err := k.Decode(owned.NewInput(job.SourceHTTP, nil, fields, true))
+	if err != nil {
+		return RunRequest{}, err
+	}
+	req.Params = p
 	return req, nil
 }
 
-// DecodeSweepRequest reads the optional body of a sweep request: empty is
-// fine; otherwise one JSON object with only request_id and requested_by.
-func DecodeSweepRequest(body []byte) (SweepRequest, error) {
-	var req SweepRequest
-	if err := decodeStrict(body, &req, true); err != nil {
-		return SweepRequest{}, err
+// badInputDetail is what a 400 says: a kind's rejection detail, or the
+// message of another bad-input error.
+func badInputDetail(err error) string {
+	var re *owned.RejectError
+	if errors.As(err, &re) {
+		return re.Detail
 	}
-	if err := checkIDs(req.RequestID, req.RequestedBy); err != nil {
-		return SweepRequest{}, err
-	}
-	return req, nil
+	return err.Error()
 }
 
 func decodeStrict(body []byte, v any, emptyOK bool) error {

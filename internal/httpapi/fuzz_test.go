@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/telco-platform/coordinator/internal/billrun"
 	"github.com/telco-platform/coordinator/internal/httpapi"
 	"github.com/telco-platform/coordinator/internal/job"
 )
@@ -52,34 +53,28 @@ func checkDecoded(t *testing.T, what string, err error) {
 	require.Greater(t, len(err.Error()), len(job.ErrBadInput.Error())+2, "%s: error must give a reason", what)
 }
 
-func FuzzDecodeBillRunRequest(f *testing.F) {
+// FuzzDecodeRunRequest decodes every body for each registered kind: a
+// valid request or bad input with a reason, never anything else.
+func FuzzDecodeRunRequest(f *testing.F) {
 	for _, s := range seedBodies {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		req, err := httpapi.DecodeBillRunRequest(body)
-		checkDecoded(t, "billrun", err)
-		if err != nil {
-			require.Zero(t, req)
-			return
-		}
-		require.NotEmpty(t, req.Period)
-		for _, v := range []string{req.Period, req.RequestID, req.RequestedBy} {
-			require.False(t, strings.ContainsAny(v, " \t\r\n\x00"), "accepted %q", v)
-		}
-	})
-}
-
-func FuzzDecodeSweepRequest(f *testing.F) {
-	for _, s := range seedBodies {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, body []byte) {
-		req, err := httpapi.DecodeSweepRequest(body)
-		checkDecoded(t, "sweep", err)
-		if err == nil {
-			require.LessOrEqual(t, len(req.RequestID), 128)
-			require.LessOrEqual(t, len(req.RequestedBy), 128)
+		for _, k := range testKinds(t).Kinds() {
+			req, err := httpapi.DecodeRunRequest(k, body)
+			checkDecoded(t, k.Spec().Name, err)
+			if err != nil {
+				require.Zero(t, req)
+				continue
+			}
+			require.NotNil(t, req.Params)
+			for _, v := range []string{req.RequestID, req.RequestedBy} {
+				require.LessOrEqual(t, len(v), 128)
+				require.False(t, strings.ContainsAny(v, " \t\r\n\x00"), "accepted %q", v)
+			}
+			if p, ok := req.Params.(billrun.Period); ok {
+				require.True(t, p.Valid(), "accepted period %v", p)
+			}
 		}
 	})
 }

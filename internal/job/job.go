@@ -1,7 +1,7 @@
-// Package job holds what every owned job shares: how a run was triggered,
-// how it ended, and the exit code each ending maps to. Jobs (billrun,
-// msisdnreaper) return a Result; the CLI, the HTTP API and the Kafka
-// consumer translate it for their callers.
+// Package job holds what every owned run shares: how a run was triggered,
+// how it ended, and the exit code each ending maps to. The owned-run
+// template (internal/owned) returns a Result for every kind; the CLI, the
+// HTTP API and the Kafka consumer translate it for their callers.
 package job
 
 import (

@@ -68,9 +68,8 @@ func singleUpdate(b *testing.B, pg *testenv.PG, stale int) float64 {
 // sweepOnce frees every stale reservation with a Sweeper and returns rows/s.
 func sweepOnce(b *testing.B, pg *testenv.PG, stale int, cfg Config) float64 {
 	b.Helper()
-	cfg.ReplicaID = "bench"
 	cfg.Lease = 10 * time.Minute
-	s := NewSweeper(pg.Pool, memLocker(b, "bench", time.Second), events.Multi{}, cfg)
+	s := NewTestSweeper(pg.Pool, memLocker(b, "bench", time.Second), events.Multi{}, cfg)
 	t0 := time.Now()
 	res := s.Sweep(context.Background(), job.Trigger{Source: job.SourceCLI, RequestID: "bench"})
 	took := time.Since(t0)

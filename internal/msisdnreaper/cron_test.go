@@ -62,8 +62,8 @@ func TestCronOnThreeReplicasSweepsOncePerTick(t *testing.T) {
 		l, err := redislock.New(client, redislock.Config{Prefix: rd.Prefix, Owner: id, WaitTime: 100 * time.Millisecond})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = l.Close(); _ = client.Close() })
-		s := msisdnreaper.NewSweeper(pg.Pool, l, rec,
-			msisdnreaper.Config{ReplicaID: id, Lease: 500 * time.Millisecond, MinHold: minHold})
+		s := msisdnreaper.NewTestSweeper(pg.Pool, l, rec,
+			msisdnreaper.Config{Lease: 500 * time.Millisecond, MinHold: minHold})
 		c, err := trigger.NewCron(id, nil, trigger.CronJob{Name: msisdnreaper.JobName, Spec: "@every 1s",
 			Run: func(ctx context.Context, t job.Trigger) { s.Sweep(ctx, t) }})
 		require.NoError(t, err)

@@ -13,6 +13,10 @@
 //	  │                                                   ▼
 //	Replenish (new numbers, lock msisdn-pool:replenish)  ALLOCATED
 //
+// Replenish is a library call that takes its lock itself; internal/replenish
+// runs it as a kind of owned run (Kafka, HTTP, CLI triggers), under a lease
+// that Replenish then re-enters.
+//
 // Each transition is one statement whose WHERE clause is its precondition,
 // so a refused transition changes nothing and returns a *TransitionError
 // (ErrIllegalTransition; ErrReservationExpired when Allocate comes too
@@ -24,9 +28,11 @@
 //
 // # The sweep
 //
-// Sweep acquires msisdn-reaper:sweep with an explicit lease (Config.Lease,
-// default 20 s): a bounded critical section that hard-expires. It then runs
-// Config.Workers loops (default 2) of batch transactions, each one statement:
+// The sweep is a kind of owned run (SweepKind; its Worker is the Sweeper):
+// the owned template takes msisdn-reaper:sweep with an explicit lease
+// (Config.Lease, default 20 s), a bounded critical section that hard-expires,
+// and emits the ownership events. The Sweeper then runs Config.Workers loops
+// (default 2) of batch transactions, each one statement:
 //
 //	update msisdn_pool set state = 'FREE', ...
 //	 where msisdn = any(array(select msisdn from msisdn_pool
@@ -46,9 +52,9 @@
 // # Minimum hold (ShedLock's lockAtLeastFor)
 //
 // When the sweep ends before MinHold has passed since the lock was taken, the
-// lock is not deleted yet: Sweep returns (event ownership.released with
-// release "after_min_hold") and a timer deletes the lock at acquired +
-// MinHold, so a replica whose tick comes a little later (clock skew, jitter)
+// lock is not deleted yet: the run returns (event ownership.released with
+// release "after_min_hold") and the template's timer deletes the lock at
+// acquired + MinHold, so a replica whose tick comes a little later (clock skew, jitter)
 // finds it held and reports already_owned instead of sweeping again. When
 // the sweep ran longer than MinHold, the lock is released at once. The lock
 // is taken with TTL max(Lease, MinHold*1.1 + 100ms), so that if the process

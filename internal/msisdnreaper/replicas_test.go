@@ -81,7 +81,7 @@ func TestThreeReplicasSweepAtOnce(t *testing.T) {
 		results = make([]job.Result, len(replicas))
 	)
 	for i, id := range replicas {
-		s := NewSweeper(pg.Pool, redisLocker(t, rd, id, 5*time.Second), rec, Config{ReplicaID: id})
+		s := NewTestSweeper(pg.Pool, redisLocker(t, rd, id, 5*time.Second), rec, Config{})
 		wg.Go(func() {
 			<-start
 			results[i] = s.Sweep(ctx, job.Trigger{Source: job.SourceKafka, RequestID: "same-request"})
@@ -139,8 +139,8 @@ func TestAllocationRacingASweepIsNeverFreed(t *testing.T) {
 	pg := testenv.Postgres(t)
 	rd := testenv.Redis(t)
 	p := NewPool(pg.Pool, redisLocker(t, rd, "client", time.Second))
-	s := NewSweeper(pg.Pool, redisLocker(t, rd, "replica-a", time.Second), nil,
-		Config{ReplicaID: "replica-a", BatchSize: 10, Workers: 2})
+	s := NewTestSweeper(pg.Pool, redisLocker(t, rd, "replica-a", time.Second), nil,
+		Config{BatchSize: 10, Workers: 2})
 
 	const iterations, rows = 25, 200
 	var totalAllocated, totalFreed, totalRefused int64
@@ -272,8 +272,8 @@ func TestShortLeaseStopsBeforeItsDeadlineAndTheNextTickFinishes(t *testing.T) {
 	// 30 batches of >= 20 ms need >= 600 ms; the lease gives 300 ms of work.
 	const lease, margin = 400 * time.Millisecond, 100 * time.Millisecond
 	rec := &events.Recorder{}
-	s := NewSweeper(pg.Pool, redisLocker(t, rd, "replica-a", time.Second), rec,
-		Config{ReplicaID: "replica-a", Lease: lease, SafetyMargin: margin, BatchSize: 100, Workers: 1})
+	s := NewTestSweeper(pg.Pool, redisLocker(t, rd, "replica-a", time.Second), rec,
+		Config{Lease: lease, SafetyMargin: margin, BatchSize: 100, Workers: 1})
 
 	var total int64
 	for tick := 1; ; tick++ {
@@ -325,9 +325,9 @@ func TestMinHoldKeepsASecondReplicaOutForTheInterval(t *testing.T) {
 		Metrics: ownership.NewMetrics(regA)})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = la.Close(); _ = clientA.Close() })
-	a := NewSweeper(pg.Pool, la, rec, Config{ReplicaID: "replica-a", Lease: time.Second, MinHold: minHold})
+	a := NewTestSweeper(pg.Pool, la, rec, Config{Lease: time.Second, MinHold: minHold})
 	lb := redisLocker(t, rd, "replica-b", 50*time.Millisecond)
-	b := NewSweeper(pg.Pool, lb, rec, Config{ReplicaID: "replica-b", Lease: time.Second, MinHold: minHold})
+	b := NewTestSweeper(pg.Pool, lb, rec, Config{Lease: time.Second, MinHold: minHold})
 
 	res := a.Sweep(ctx, cliTrigger)
 	require.Equal(t, job.OutcomeCompleted, res.Outcome)
@@ -366,8 +366,8 @@ func TestMinHoldKeepsASecondReplicaOutForTheInterval(t *testing.T) {
 	require.Equal(t, 0.0, counterValue(t, regA, "coordinator_lock_leases_lost_total"))
 
 	// A sweep that outlasts the minimum hold deletes the lock at once.
-	c := NewSweeper(pg.Pool, redisLocker(t, rd, "replica-c", time.Second), rec,
-		Config{ReplicaID: "replica-c", MinHold: time.Nanosecond})
+	c := NewTestSweeper(pg.Pool, redisLocker(t, rd, "replica-c", time.Second), rec,
+		Config{MinHold: time.Nanosecond})
 	require.Eventually(t, func() bool { return c.Sweep(ctx, cliTrigger).Outcome == job.OutcomeCompleted }, 5*time.Second, 10*time.Millisecond)
 	rel = rec.of(events.OwnershipReleased, "replica-c")
 	require.Equal(t, "delete", rel[len(rel)-1].Extra["release"])
@@ -391,7 +391,7 @@ func TestSweepStopsAtTheNextBatchWhenTheLeaseIsLostOrOnShutdown(t *testing.T) {
 			slowBatches(t, pg)
 			l := redisLocker(t, rd, "replica-a", time.Second)
 			rec := &events.Recorder{}
-			s := NewSweeper(pg.Pool, l, rec, Config{ReplicaID: "replica-a", Lease: time.Minute, BatchSize: 100, Workers: 1})
+			s := NewTestSweeper(pg.Pool, l, rec, Config{Lease: time.Minute, BatchSize: 100, Workers: 1})
 
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -12,16 +13,19 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/owned"
 	"github.com/telco-platform/coordinator/internal/ownership"
 )
 
 const (
-	// JobName is the job's name in results and events.
+	// JobName is the sweep kind's name in results and events.
 	JobName = "msisdn-reaper"
 	// SweepKey is the lock every replica's sweep contends for.
 	SweepKey = "msisdn-reaper:sweep"
+	// SweepTopic is the contract's Kafka trigger topic: value
+	// {"request_id":"...","requested_by":"..."}.
+	SweepTopic = "subscription.msisdn-reaper.requested"
 )
 
 // Defaults of Config.
@@ -33,10 +37,10 @@ const (
 	DefaultWorkers = 2
 )
 
-// Config configures a Sweeper. NewSweeper fills the defaults.
+// Config configures the sweep. Zero fields take the deployment's
+// configuration where it has the setting (COORDINATOR_REAPER_*), else the
+// defaults named here.
 type Config struct {
-	// ReplicaID is this replica's id in results and events. Required.
-	ReplicaID string
 	// Lease is the explicit lease of one sweep: the lock hard-expires after
 	// it (or a little after MinHold, if longer) and no batch starts after
 	// Lease - SafetyMargin. Default 20s.
@@ -50,8 +54,9 @@ type Config struct {
 	// MinHold keeps the lock at least this long after it was taken, even
 	// when the sweep finished sooner (ShedLock's lockAtLeastFor), so that
 	// replicas whose ticks are skewed by less than MinHold do not sweep in
-	// turn. Sweep then returns at once and the lock is deleted by a timer at
-	// acquired + MinHold (or expires, if the process ends first).
+	// turn. The run then returns at once and the template deletes the lock
+	// by timer at acquired + MinHold (or it expires, if the process ends
+	// first).
 	// Default 0 (release at once); COORDINATOR_REAPER_MIN_HOLD defaults to
 	// half the schedule interval.
 	MinHold time.Duration
@@ -86,8 +91,6 @@ func (c Config) withDefaults() Config {
 func (c Config) Validate() error {
 	c = c.withDefaults()
 	switch {
-	case c.ReplicaID == "":
-		return errors.New("msisdnreaper: Config.ReplicaID is required")
 	case c.Lease < 0:
 		return fmt.Errorf("msisdnreaper: Config.Lease = %s: must be positive", c.Lease)
 	case c.BatchSize < 1 || c.BatchSize > 100_000:
@@ -102,32 +105,116 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Sweeper frees stale reservations while holding SweepKey. Every replica
-// runs one; the lock decides which of them sweeps.
-type Sweeper struct {
-	db     *pgxpool.Pool
-	locker ownership.Locker
-	emit   events.Emitter
-	cfg    Config
-	cfgErr error
-	sql    string
+// SweepKind is the reaper's kind of owned run: `coordinator run reaper`,
+// subscription.msisdn-reaper.requested, POST /v1/msisdn-reaper/sweeps
+// (synchronous), and COORDINATOR_REAPER_SCHEDULE on every replica.
+type SweepKind struct {
+	cfg Config
 }
 
-// NewSweeper returns a Sweeper. An invalid cfg is not a panic: every Sweep
-// then fails with the error Config.Validate gives (check it at start).
-func NewSweeper(db *pgxpool.Pool, locker ownership.Locker, emit events.Emitter, cfg Config) *Sweeper {
-	if emit == nil {
-		emit = events.Multi{}
+// NewSweepKind returns the sweep kind; zero fields of cfg are filled at
+// Open (see Config).
+func NewSweepKind(cfg Config) *SweepKind { return &SweepKind{cfg: cfg} }
+
+var (
+	_ owned.Kind        = (*SweepKind)(nil)
+	_ owned.RecordKeyed = (*SweepKind)(nil)
+)
+
+// sweepParams are a sweep's: nothing but the CLI's --workers override.
+type sweepParams struct {
+	workers int
+}
+
+func (*SweepKind) Spec() owned.Spec {
+	return owned.Spec{Name: JobName, Command: "reaper", Summary: "free expired MSISDN reservations in batches",
+		Usage: "[--workers N]", Topic: SweepTopic, HTTPPath: "/v1/msisdn-reaper/sweeps"}
+}
+
+// Decode accepts an object with no fields of its own (request_id and
+// requested_by are the transport's); an HTTP body may be empty.
+func (*SweepKind) Decode(in owned.Input) (owned.Params, error) {
+	var none struct{}
+	if err := in.Decode(&none); err != nil {
+		return nil, err
 	}
-	s := &Sweeper{db: db, locker: locker, emit: emit, cfgErr: cfg.Validate(), cfg: cfg.withDefaults(), sql: sqlSweepBatch}
+	return sweepParams{}, nil
+}
+
+func (*SweepKind) Encode(owned.Params) ([]byte, map[string]any) { return nil, map[string]any{} }
+
+// Flags: --workers, this run's concurrent batch transactions.
+func (*SweepKind) Flags(fs *flag.FlagSet) func([]string) (owned.Params, error) {
+	workers := fs.Int("workers", DefaultWorkers, "concurrent batch transactions (1..64)")
+	return func(args []string) (owned.Params, error) {
+		if len(args) > 0 {
+			return nil, job.BadInput("unexpected arguments %q", args)
+		}
+		if *workers < 1 || *workers > 64 {
+			return nil, job.BadInput("--workers = %d: must be 1..64", *workers)
+		}
+		return sweepParams{workers: *workers}, nil
+	}
+}
+
+func (*SweepKind) LockKey(owned.Params) string { return SweepKey }
+
+// LockKeyOfRecord: every sweep record asks for the one sweep.
+func (*SweepKind) LockKeyOfRecord([]byte) (string, bool) { return SweepKey, true }
+
+// Open checks the configuration (an error names the field and value).
+func (k *SweepKind) Open(d owned.Deps) (owned.Worker, error) {
+	cfg := k.cfg
+	cfg.Lease = cmp.Or(cfg.Lease, d.Config.ReaperLease)
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, d.Config.ReaperBatchSize)
+	cfg.MinHold = cmp.Or(cfg.MinHold, d.Config.ReaperMinHold)
+	if cfg.Logger == nil {
+		cfg.Logger = d.Log
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(d.Registerer)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Sweeper{db: d.DB, cfg: cfg.withDefaults(), sql: sqlSweepBatch, schedule: d.Config.ReaperSchedule}
 	switch cfg.scan {
 	case "unordered":
 		s.sql = sqlSweepBatchUnordered
 	case "ordered":
 		s.sql = sqlSweepBatchOrdered
 	}
-	return s
+	return s, nil
 }
+
+// Sweeper frees stale reservations while the template holds SweepKey.
+// Every replica has one; the lock decides which of them sweeps.
+type Sweeper struct {
+	db       *pgxpool.Pool
+	cfg      Config
+	sql      string
+	schedule string
+}
+
+var (
+	_ owned.Leaser    = (*Sweeper)(nil)
+	_ owned.Scheduler = (*Sweeper)(nil)
+	_ owned.Observer  = (*Sweeper)(nil)
+)
+
+// Lease is explicit (Config.Lease) with the minimum hold (Config.MinHold).
+func (s *Sweeper) Lease(owned.Params) owned.Lease {
+	return owned.Lease{TTL: s.cfg.Lease, MinHold: s.cfg.MinHold}
+}
+
+// Schedule is COORDINATOR_REAPER_SCHEDULE.
+func (s *Sweeper) Schedule() string { return s.schedule }
+
+// Tick sweeps; a tick has no parameters.
+func (s *Sweeper) Tick(time.Time) (owned.Params, error) { return sweepParams{}, nil }
+
+// Observe feeds coordinator_reaper_sweeps_total.
+func (s *Sweeper) Observe(res job.Result) { s.cfg.Metrics.sweep(string(res.Outcome)) }
 
 // sqlSweepBatch frees up to $1 stale reservations after the cursor $2 in
 // one statement (its own transaction) and returns how many it freed and the
@@ -196,157 +283,46 @@ select count(*), '' from freed`
 const (
 	stopDrained   = "drained"
 	stopDeadline  = "lease_deadline"
-	stopLeaseLost = "lease_lost"
-	stopShutdown  = "shutdown"
+	stopLeaseLost = owned.ReasonLeaseLost
+	stopShutdown  = owned.ReasonShutdown
 	stopError     = "error"
 )
 
-// Sweep takes SweepKey with an explicit lease and, if it wins, frees stale
-// reservations in batches until none are left, the lease's local deadline
-// (acquired + Lease - SafetyMargin) is reached, the lease is lost, or ctx is
-// cancelled; a batch in flight is allowed to finish. Outcomes: completed
-// (also when the deadline cut it short: Counts["deadline_reached"] is 1 and
-// the next tick frees the rest), already_owned (Owner names the holder),
-// unavailable, lost (lease lost or ctx cancelled mid-sweep) and failed.
-func (s *Sweeper) Sweep(ctx context.Context, t job.Trigger) job.Result {
-	started := time.Now()
-	res := job.Result{Job: JobName, Key: SweepKey, Replica: s.cfg.ReplicaID, RequestID: t.RequestID}
-	log := s.cfg.Logger.With("lock_key", SweepKey, "request_id", t.RequestID, "trigger", string(t.Source))
-	end := func(o job.Outcome) job.Result {
-		res.Outcome = o
-		res.DurationMS = time.Since(started).Milliseconds()
-		s.cfg.Metrics.sweep(string(o))
-		return res
-	}
-	// Events still go out when ctx is cancelled (ownership.lost on shutdown).
-	evCtx := context.WithoutCancel(ctx)
-	ev := func(typ events.Type, extra map[string]any) {
-		s.emit.Emit(evCtx, events.Event{Type: typ, Key: SweepKey, Job: JobName, Replica: s.cfg.ReplicaID,
-			Trigger: string(t.Source), RequestID: t.RequestID, Fence: res.Fence, Owner: res.Owner, Extra: extra})
-	}
-	if s.cfgErr != nil {
-		res.Error = s.cfgErr.Error()
-		ev(events.RunFailed, map[string]any{"error": res.Error})
-		return end(job.OutcomeFailed)
-	}
-
-	ttl := max(s.cfg.Lease, holdTTL(s.cfg.MinHold))
-	lease, err := s.locker.Acquire(ctx, SweepKey, ttl)
-	if err != nil {
-		var ae *ownership.AcquireError
-		errors.As(err, &ae)
-		res.Error = err.Error()
-		switch {
-		case errors.Is(err, ownership.ErrAlreadyOwned):
-			if ae != nil {
-				res.Owner = ae.Owner
-			}
-			log.Info("sweep_already_owned", "owner", res.Owner)
-			ev(events.OwnershipAlreadyOwned, nil)
-			return end(job.OutcomeAlreadyOwned)
-		case errors.Is(err, ownership.ErrUnavailable):
-			log.Warn("sweep_lock_unavailable", "error", err)
-			ev(events.OwnershipUnavailable, map[string]any{"error": res.Error})
-			return end(job.OutcomeUnavailable)
-		default:
-			log.Error("sweep_acquire_failed", "error", err)
-			ev(events.RunFailed, map[string]any{"error": res.Error})
-			return end(job.OutcomeFailed)
-		}
+// Run frees stale reservations in batches until none are left, the lease's
+// local deadline (acquired + Lease - SafetyMargin) is reached, the lease is
+// lost, or the caller shuts down; a batch in flight is allowed to finish.
+// Running dry or reaching the deadline is completed (Counts
+// "deadline_reached" is 1 then, and the next tick frees the rest; data
+// "stopped" says which); a lost lease or shutdown is lost with that
+// reason; a failed batch fails the sweep.
+func (s *Sweeper) Run(ctx context.Context, run *owned.Run, p owned.Params) (owned.Report, error) {
+	workers := s.cfg.Workers
+	if w := p.(sweepParams).workers; w > 0 {
+		workers = w
 	}
 	// The lock's TTL started before Acquire returned; lease.Done() closes at
 	// the adapter's own conservative deadline (request sent + TTL - margin),
 	// and SafetyMargin keeps the last batch well inside it.
-	acquired := time.Now()
-	deadline := acquired.Add(s.cfg.Lease - s.cfg.SafetyMargin)
-	res.Fence, res.Owner = lease.Fence(), lease.Owner()
-	log = log.With("fence", res.Fence, "owner", res.Owner)
-	ev(events.OwnershipAcquired, map[string]any{"lease_ms": ttl.Milliseconds()})
-
-	run := s.free(ctx, lease, deadline)
-	res.Counts = map[string]int64{"freed": run.freed, "batches": run.batches, "workers": int64(s.cfg.Workers), "deadline_reached": 0}
-	if run.reason == stopDeadline {
-		res.Counts["deadline_reached"] = 1
+	deadline := run.Acquired().Add(s.cfg.Lease - s.cfg.SafetyMargin)
+	fr := s.free(ctx, run.Lease(), deadline, workers)
+	counts := map[string]int64{"freed": fr.freed, "batches": fr.batches, "workers": int64(workers), "deadline_reached": 0}
+	if fr.reason == stopDeadline {
+		counts["deadline_reached"] = 1
 	}
-	took := time.Since(acquired)
-	s.cfg.Metrics.owned(took, run.reason == stopDeadline, run.reason == stopDrained || run.reason == stopDeadline)
-	extra := func(more map[string]any) map[string]any {
-		m := map[string]any{"stopped": run.reason}
-		for k, v := range res.Counts {
-			m[k] = v
-		}
-		for k, v := range more {
-			m[k] = v
-		}
-		return m
-	}
-
-	var outcome job.Outcome
-	switch run.reason {
+	took := time.Since(run.Acquired())
+	s.cfg.Metrics.owned(took, fr.reason == stopDeadline, fr.reason == stopDrained || fr.reason == stopDeadline)
+	rep := owned.Report{Counts: counts, Data: map[string]any{"stopped": fr.reason}}
+	log := run.Log()
+	switch fr.reason {
 	case stopDrained, stopDeadline:
-		outcome = job.OutcomeCompleted
-		log.Info("sweep_completed", "freed", run.freed, "batches", run.batches, "stopped", run.reason, "took", took)
-		ev(events.RunCompleted, extra(nil))
+		log.Info("sweep_completed", "freed", fr.freed, "batches", fr.batches, "stopped", fr.reason, "took", took)
+		return rep, nil
 	case stopLeaseLost, stopShutdown:
-		outcome = job.OutcomeLost
-		res.Error = fmt.Sprintf("msisdnreaper: sweep stopped: %s", run.reason)
-		log.Warn("sweep_lost", "reason", run.reason, "freed", run.freed, "batches", run.batches)
-		ev(events.OwnershipLost, extra(map[string]any{"reason": run.reason}))
-	default:
-		outcome = job.OutcomeFailed
-		res.Error = run.err.Error()
-		log.Error("sweep_failed", "error", run.err, "freed", run.freed, "batches", run.batches)
-		ev(events.RunFailed, extra(map[string]any{"error": res.Error}))
+		log.Warn("sweep_stopped", "reason", fr.reason, "freed", fr.freed, "batches", fr.batches)
+		return rep, owned.Lost(fr.reason, nil)
 	}
-	s.letGo(ctx, lease, acquired, ev, log)
-	return end(outcome)
-}
-
-// letGo ends this replica's hold. Once MinHold has passed since the lock was
-// taken, the lock is released at once (compare-and-delete) under a bounded
-// context that outlives a cancelled ctx. Before that, the release is
-// deferred to acquired + MinHold (ShedLock's lockAtLeastFor): Sweep returns
-// now and a timer deletes the lock then, so the lock lives exactly
-// max(MinHold, the sweep). The lease is released, not left to run out, so it
-// is not counted or logged as lost. If the process ends first, the lock
-// expires with its TTL (holdTTL: a little over MinHold).
-func (s *Sweeper) letGo(ctx context.Context, lease ownership.Lease, acquired time.Time,
-	ev func(events.Type, map[string]any), log *slog.Logger) {
-	if lease.Err() != nil { // lost or run out: nothing of ours is left to release
-		return
-	}
-	if held := time.Since(acquired); held < s.cfg.MinHold {
-		remaining := s.cfg.MinHold - held
-		log.Info("sweep_release_deferred", "min_hold", s.cfg.MinHold, "release_in", remaining)
-		ev(events.OwnershipReleased, map[string]any{"release": "after_min_hold",
-			"release_in_ms": remaining.Milliseconds(), "min_hold_ms": s.cfg.MinHold.Milliseconds()})
-		time.AfterFunc(remaining, func() {
-			relCtx, cancel := context.WithTimeout(context.Background(), ownership.ReleaseTimeout)
-			defer cancel()
-			if err := lease.Release(relCtx); err != nil && !errors.Is(err, ownership.ErrNotHeld) {
-				log.Warn("sweep_release_failed", "error", err)
-			}
-		})
-		return
-	}
-	relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ownership.ReleaseTimeout)
-	defer cancel()
-	if err := lease.Release(relCtx); err != nil {
-		// TTL expiry is the backstop; the sweep's own outcome stands.
-		log.Warn("sweep_release_failed", "error", err)
-		return
-	}
-	ev(events.OwnershipReleased, map[string]any{"release": "delete"})
-}
-
-// holdTTL is the lock TTL that covers a minimum hold: long enough that the
-// lease's local trust deadline (TTL minus the adapter's safety margin, TTL/20
-// + 2ms) falls after acquired + minHold, where the deferred release runs.
-func holdTTL(minHold time.Duration) time.Duration {
-	if minHold <= 0 {
-		return 0
-	}
-	return minHold + minHold/10 + 100*time.Millisecond
+	log.Error("sweep_failed", "error", fr.err, "freed", fr.freed, "batches", fr.batches)
+	return rep, fr.err
 }
 
 type freeRun struct {
@@ -356,7 +332,7 @@ type freeRun struct {
 }
 
 // free runs the batch workers until the sweep must stop, and says why.
-func (s *Sweeper) free(ctx context.Context, lease ownership.Lease, deadline time.Time) freeRun {
+func (s *Sweeper) free(ctx context.Context, lease ownership.Lease, deadline time.Time, workers int) freeRun {
 	var (
 		freed, batches atomic.Int64
 		mu             sync.Mutex
@@ -388,7 +364,7 @@ func (s *Sweeper) free(ctx context.Context, lease ownership.Lease, deadline time
 	// database cannot hold a tick forever.
 	batchCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.Lease)
 	defer cancel()
-	for range s.cfg.Workers {
+	for range workers {
 		wg.Go(func() {
 			for {
 				// The deadline first: an explicit lease that ends after it
@@ -401,7 +377,7 @@ func (s *Sweeper) free(ctx context.Context, lease ownership.Lease, deadline time
 				case <-halt:
 					return
 				case <-ctx.Done():
-					stop(stopShutdown, nil)
+					stop(stopReason(ctx, lease), nil)
 					return
 				case <-lease.Done():
 					stop(stopLeaseLost, nil)
@@ -437,6 +413,15 @@ func (s *Sweeper) free(ctx context.Context, lease ownership.Lease, deadline time
 	}
 	wg.Wait()
 	return freeRun{freed: freed.Load(), batches: batches.Load(), reason: reason, err: firstErr}
+}
+
+// stopReason tells shutdown (the caller's context ended) from a lost lease
+// (the run's context derives from the lease's).
+func stopReason(ctx context.Context, lease ownership.Lease) string {
+	if lease.Err() == nil && errors.Is(context.Cause(ctx), owned.ErrShutdown) {
+		return stopShutdown
+	}
+	return stopLeaseLost
 }
 
 func rank(reason string) int {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/owned"
 	"github.com/telco-platform/coordinator/internal/ownership"
 	"github.com/telco-platform/coordinator/internal/testenv"
 )
@@ -59,8 +60,8 @@ func TestSweepFreesOnlyStaleReservations(t *testing.T) {
 
 	rec := &events.Recorder{}
 	reg := prometheus.NewRegistry()
-	s := NewSweeper(pg.Pool, memLocker(t, "replica-a", time.Second), rec,
-		Config{ReplicaID: "replica-a", BatchSize: 7, Workers: 3, Metrics: NewMetrics(reg)})
+	s := NewTestSweeper(pg.Pool, memLocker(t, "replica-a", time.Second), rec,
+		Config{BatchSize: 7, Workers: 3, Metrics: NewMetrics(reg)})
 	res := s.Sweep(ctx, cliTrigger)
 	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
 	require.Equal(t, int64(250), res.Counts["freed"])
@@ -117,7 +118,7 @@ func TestSweepFailsClosedWhenTheLockIsUnavailable(t *testing.T) {
 	l := memLocker(t, "replica-a", time.Second)
 	l.SetUnavailable(true)
 	rec := &events.Recorder{}
-	res := NewSweeper(pg.Pool, l, rec, Config{ReplicaID: "replica-a"}).Sweep(ctx, cliTrigger)
+	res := NewTestSweeper(pg.Pool, l, rec, Config{}).Sweep(ctx, cliTrigger)
 	require.Equal(t, job.OutcomeUnavailable, res.Outcome)
 	require.Equal(t, job.ExitUnavailable, res.Outcome.ExitCode())
 	require.Contains(t, res.Error, ownership.CodeLockAcquisitionFailed)
@@ -131,19 +132,15 @@ func TestSweepRejectsInvalidConfig(t *testing.T) {
 		cfg  Config
 		want string
 	}{
-		{Config{}, "ReplicaID"},
-		{Config{ReplicaID: "r", Workers: -1}, "Workers = -1"},
-		{Config{ReplicaID: "r", BatchSize: 100_001}, "BatchSize = 100001"},
-		{Config{ReplicaID: "r", Lease: time.Second, SafetyMargin: time.Second}, "SafetyMargin = 1s"},
-		{Config{ReplicaID: "r", MinHold: -time.Second}, "MinHold = -1s"},
+		{Config{Workers: -1}, "Workers = -1"},
+		{Config{BatchSize: 100_001}, "BatchSize = 100001"},
+		{Config{Lease: time.Second, SafetyMargin: time.Second}, "SafetyMargin = 1s"},
+		{Config{MinHold: -time.Second}, "MinHold = -1s"},
 	} {
 		require.ErrorContains(t, tc.cfg.Validate(), tc.want)
-		rec := &events.Recorder{}
-		// The config is checked before the lock or the database is touched.
-		res := NewSweeper(nil, nil, rec, tc.cfg).Sweep(context.Background(), cliTrigger)
-		require.Equal(t, job.OutcomeFailed, res.Outcome)
-		require.Contains(t, res.Error, tc.want)
-		require.Equal(t, []events.Type{events.RunFailed}, eventTypes(rec))
+		// The config is checked when the kind is opened, before anything runs.
+		_, err := NewSweepKind(tc.cfg).Open(owned.Deps{})
+		require.ErrorContains(t, err, tc.want)
 	}
-	require.NoError(t, Config{ReplicaID: "r"}.Validate())
+	require.NoError(t, Config{}.Validate())
 }

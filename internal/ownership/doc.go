@@ -48,9 +48,13 @@
 //	ErrReleased or ErrLeaseLost. A later Release returns ErrNotHeld.
 //
 // Every acquisition gets a fence, strictly increasing per key (reentrant
-// holds share the outer one). Postgres, not the lock, is the last word:
-// work writes its fence and every batch checks it, so a stale owner that
-// lost its lease without noticing still cannot commit.
+// holds share the outer one): max(last fence + 1, the clock in µs), so it
+// keeps rising when the backend forgets (Redis FLUSHALL, a restart without
+// persistence, a failover; a restarted process's MemoryLocker). Fences are
+// large (~1.8e15 in 2026) and fit int64 and JSON doubles. Postgres, not the
+// lock, is the last word: work writes its fence and every batch checks it,
+// and a bill-run claim refuses a fence below the one it recorded, so a
+// stale owner that lost its lease without noticing still cannot commit.
 //
 // The holder trusts a lease only until its local trust deadline:
 // (time the acquire or last successful renewal was sent) + TTL -
@@ -64,12 +68,14 @@
 // # Waiting
 //
 // A held key makes Acquire wait, up to the Locker's wait time (default 5s)
-// and ctx. Waiters wake when the key is released (the Redis adapter keeps
-// one pub/sub subscription per process for that, not one per lock) and
-// otherwise when the holder's TTL runs out; nothing polls. Waiters of one
-// process queue in FIFO order; across processes a released lock is
-// reserved for a few milliseconds for the process that waited first, so a
-// releasing process cannot barge back in ahead of the others.
+// and ctx. Waiters of one process queue in FIFO order, and only the head
+// asks the backend. Across processes (Redis), waiting Lockers queue per key
+// in Redis: a release hands the lock to the oldest waiting Locker (reserved
+// for it for 25ms) and wakes that Locker alone, on its own pub/sub channel
+// (one subscription per process, not one per lock). A waiting head asks
+// again at least every second, which renews its queue ticket; a waiter that
+// gives up leaves the queue, one that died is skipped once its ticket lapses
+// (3s), so nobody starves behind it.
 //
 // # What happens on failure
 //
@@ -81,6 +87,20 @@
 //     ctx cancelled or past its deadline while waiting: the same, wrapping
 //     ctx.Err(). Every AcquireError carries Code LOCK_ACQUISITION_FAILED
 //     and the Key.
+//   - Redis does not answer an acquire in time, or ctx ends while the
+//     request is in flight: unavailable (the outcome is unknown, not
+//     "owned"), and the lock the request may have written is deleted by its
+//     token in the background.
+//   - A Redis stall longer than the client's read timeout: go-redis sends
+//     the script again and both copies may run. Every script gives the same
+//     result run twice: no hold counted twice, no lock deleted under a
+//     remaining hold, no "not held" for a release that succeeded.
+//   - Replicas (Redis WAIT, COORDINATOR_LOCK_REDIS_WAIT_REPLICAS): an
+//     acquisition the required replicas did not acknowledge fails closed
+//     (unavailable) and is deleted; an unacknowledged renewal does not move
+//     the trust deadline.
+//   - A Redis whose eviction policy can evict lock keys: every Acquire is
+//     unavailable, and `coordinator` refuses to start.
 //   - Redis unreachable while a watchdog lease is held: renewals fail and
 //     are retried each interval; if none succeeds before the trust
 //     deadline, the lease is lost: Done closes, the context is cancelled,
@@ -96,10 +116,28 @@
 //   - Release of a lease no longer held: an error matching ErrNotHeld; the
 //     compare-and-delete (owner token and fence) leaves the new owner's lock
 //     untouched, and renewal of the old lease has already stopped.
+//   - A lease lost while its lock may still exist in Redis (renewals failed
+//     but may have landed, an explicit lease's end): the lock is deleted by
+//     its token once the holder has had its safety margin to stop, best
+//     effort; so is a lock a late renewal extended after the trust deadline.
+//   - A Release whose context ends while a renewal batch is in flight does
+//     not wait for it; a Release that fails leaves its lock to be deleted by
+//     token in the background (the TTL is the backstop).
 //   - Locker.Close: every lease still held is lost (Done closes); the locks
-//     in Redis are not deleted and expire on their own.
+//     in Redis are not deleted and expire on their own (a caller may keep a
+//     lock past its process on purpose, as the reaper's minimum hold does).
 //   - A bad key (empty, over MaxKeyLength, outside [A-Za-z0-9._:/-]):
 //     ErrInvalidKey, before any backend call.
+//
+// # What it does not promise
+//
+// Survival of asynchronous replication (a failover can lose a lock: WAIT
+// narrows the window, fencing keeps the data right), safety across clock
+// steps on the Redis host (Redis expires by its wall clock), or across a
+// suspended or frozen holder (timers run on CLOCK_MONOTONIC, which stops
+// during suspend: only the fence protects until the holder resumes and
+// notices). docs/lock.md says why and what to configure
+// (noeviction, min-replicas-to-write, min-replicas-max-lag).
 //
 // # Metrics
 //

@@ -15,9 +15,11 @@ func ExampleWithLock() {
 	defer locker.Close()
 	ctx := context.Background()
 
+	var first int64
 	err := ownership.WithLock(ctx, locker, "billrun:2026-11", 0, func(ctx context.Context) error {
 		lease, _ := ownership.LeaseFromContext(ctx, "billrun:2026-11")
-		fmt.Println("running with fence", lease.Fence())
+		first = lease.Fence() // max(last+1, the clock in µs): pass it to every fenced write
+		fmt.Println("running, fenced:", first > 0)
 
 		// Meanwhile another worker tries the same key and gives up.
 		_, err := locker.Acquire(context.Background(), "billrun:2026-11", 0)
@@ -31,13 +33,13 @@ func ExampleWithLock() {
 
 	// The next run gets a higher fence.
 	lease, _ := locker.Acquire(ctx, "billrun:2026-11", 0)
-	fmt.Println("next fence", lease.Fence())
+	fmt.Println("next fence is higher:", lease.Fence() > first)
 	_ = lease.Release(ctx)
 	// Output:
-	// running with fence 1
+	// running, fenced: true
 	// LOCK_ACQUISITION_FAILED already_owned owner: replica-a
 	// done: <nil>
-	// next fence 2
+	// next fence is higher: true
 }
 
 // An explicit lease ends on its own; the holder learns it through Done.

@@ -191,7 +191,9 @@ func (l *MemoryLocker) reenter(t *Term) (Lease, error) {
 
 // grantLocked creates the lock and its term. l.mu is held.
 func (l *MemoryLocker) grantLocked(ctx context.Context, key string, lease time.Duration, now time.Time) Lease {
-	l.fences[key]++
+	// The fence is max(last + 1, wall clock in µs), as in Redis: a Locker of
+	// a restarted process still hands out fences above the last run's.
+	l.fences[key] = max(l.fences[key]+1, time.Now().UnixMicro())
 	l.seq++
 	ttl := cmp.Or(lease, l.cfg.WatchdogTimeout)
 	t := NewTerm(TermConfig{

@@ -1,15 +1,14 @@
 // Package replica assembles one coordinator replica from the packages that
-// do the work: the Postgres pool, the Locker, the Kafka event sink, the
-// contract topics, the bill-run Runner and the reaper Sweeper behind one
-// trigger Dispatcher, the Kafka trigger consumer, the cron schedules and the
-// HTTP admin API. `coordinator serve` runs one; `coordinator demo` runs three
-// in one process.
+// do the work, as an ordered list of components (see components): Start
+// brings them up in order, Stop takes the started ones down in reverse.
+// `coordinator serve` runs one replica; `coordinator-demo` runs three in one
+// process.
 //
-// Start brings the components up in dependency order; Stop takes them down
-// in reverse: stop taking triggers (HTTP refuses new work, the consumer and
-// cron stop), let runs in flight finish within the shutdown timeout (then
-// cancel them: bill runs end INTERRUPTED and release), stop the HTTP server,
-// flush events, close clients.
+// The order is chosen for shutdown: first the API refuses new work, the
+// Kafka consumer stops taking records (and waits for those in flight), the
+// dispatcher lets the remaining runs finish within the shutdown timeout
+// (then cancels them: they end lost and release), cron stops, the HTTP
+// server stops; then events are flushed and clients closed.
 package replica
 
 import (
@@ -29,14 +28,14 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/telco-platform/coordinator/internal/billrun"
 	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/eventsink"
 	"github.com/telco-platform/coordinator/internal/httpapi"
 	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/kinds"
 	"github.com/telco-platform/coordinator/internal/migrate"
-	"github.com/telco-platform/coordinator/internal/msisdnreaper"
+	"github.com/telco-platform/coordinator/internal/owned"
 	"github.com/telco-platform/coordinator/internal/ownership"
 	"github.com/telco-platform/coordinator/internal/postgres"
 	"github.com/telco-platform/coordinator/internal/topics"
@@ -52,18 +51,17 @@ type OpenLocker func(ctx context.Context, cfg config.Config, log *slog.Logger, r
 
 // Config is what a replica needs besides its configuration.
 type Config struct {
-	// Config is the replica's configuration (DESIGN.md's variables). Required.
+	// Config is the replica's configuration. Required.
 	Config config.Config
 	// Log receives every component's log lines. Default: discard.
 	Log *slog.Logger
 	// OpenLocker builds the Locker. Required.
 	OpenLocker OpenLocker
+	// Kinds are the kinds of owned run the replica serves. Default
+	// kinds.Registry().
+	Kinds *owned.Registry
 	// Version shows in the start log line. Default "dev".
 	Version string
-	// BatchDelay slows every bill-run batch (a test hook; 0 = off).
-	BatchDelay time.Duration
-	// SessionTimeout shortens the Kafka group session timeout (a test hook; 0 = franz-go's default).
-	SessionTimeout time.Duration
 	// Emit, if set, also receives every event the replica emits (in
 	// process), besides the log and the Kafka events topic.
 	Emit events.Emitter
@@ -80,15 +78,31 @@ type StartError struct {
 func (e *StartError) Error() string { return fmt.Sprintf("replica: start %s: %v", e.Step, e.Err) }
 func (e *StartError) Unwrap() error { return e.Err }
 
-// Replica is one running coordinator: its components in start order.
+// failed marks a component's start error with its exit code.
+func failed(code int, err error) error { return &StartError{Code: code, Err: err} }
+
+// component is one part of the replica: started in list order, stopped in
+// reverse. stop gets the shutdown's one bound (COORDINATOR_SHUTDOWN_TIMEOUT).
+type component struct {
+	name  string
+	start func(ctx context.Context) error
+	stop  func(bound context.Context)
+}
+
+// Replica is one running coordinator.
 type Replica struct {
 	rc    Config
 	cfg   config.Config
 	log   *slog.Logger
 	names topics.Names
 
+	// consumerOpts are extra franz-go options of the trigger consumer (a
+	// test seam: testhooks.go).
+	consumerOpts []kgo.Opt
+
 	mu      sync.Mutex
-	started bool
+	began   bool
+	started []component
 
 	reg      *prometheus.Registry
 	pool     *pgxpool.Pool
@@ -96,7 +110,8 @@ type Replica struct {
 	sink     *eventsink.Kafka
 	emit     events.Emitter
 	adm      *kadm.Client
-	runner   *billrun.Runner
+	runner   *owned.Runner
+	tm       *trigger.Metrics
 	disp     *trigger.Dispatcher
 	consumer *trigger.KafkaConsumer
 	cron     *trigger.Cron
@@ -104,7 +119,8 @@ type Replica struct {
 	http     *httpapi.Server
 }
 
-// New returns a replica that has not started.
+// New returns a replica that has not started. A Kinds registry with a clash
+// is reported by Start.
 func New(rc Config) *Replica {
 	log := rc.Log
 	if log == nil {
@@ -113,14 +129,22 @@ func New(rc Config) *Replica {
 	if rc.Version == "" {
 		rc.Version = "dev"
 	}
-	return &Replica{rc: rc, cfg: rc.Config, log: log, names: topics.New(rc.Config.KafkaTopicPrefix)}
+	r := &Replica{rc: rc, cfg: rc.Config, log: log}
+	if rc.Kinds != nil {
+		r.names = topics.New(rc.Config.KafkaTopicPrefix, rc.Kinds.Topics()...)
+	}
+	return r
 }
 
 // ID is the replica id (COORDINATOR_REPLICA_ID).
 func (r *Replica) ID() string { return r.cfg.ReplicaID }
 
-// Topics are the contract topic names of this deployment.
-func (r *Replica) Topics() topics.Names { return r.names }
+// Topics are the topic names of this deployment (known once Start began).
+func (r *Replica) Topics() topics.Names {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.names
+}
 
 // HTTPAddr is the address the admin API listens on (nil before Start).
 func (r *Replica) HTTPAddr() net.Addr {
@@ -139,207 +163,253 @@ func (r *Replica) Registry() *prometheus.Registry {
 	return r.reg
 }
 
-// Start brings the components up in dependency order. On failure it returns
-// a *StartError; call Stop to release what did start.
+// components are the replica's parts in start order; Stop runs their stops
+// in reverse. Each stop waits for what it owns.
+func (r *Replica) components() []component {
+	return []component{
+		{"postgres", r.startPostgres, func(context.Context) { r.pool.Close() }},
+		{"lock", r.startLock, func(context.Context) {
+			if err := r.locker.Close(); err != nil {
+				r.log.Warn("lock_close_error", "error", err)
+			}
+		}},
+		{"event_sink", r.startEvents, func(context.Context) {
+			r.sink.Stop()
+			if n := r.sink.Dropped(); n > 0 {
+				r.log.Warn("events_dropped_at_shutdown", "dropped", n)
+			}
+		}},
+		{"kafka_admin", r.startTopics, func(context.Context) { r.adm.Close() }},
+		{"kinds", r.startRunner, nil},
+		{"http", r.startHTTP, func(context.Context) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := r.http.Stop(ctx); err != nil {
+				r.log.Warn("http_stop_error", "error", err)
+			}
+		}},
+		// Stopped after the dispatcher: a running tick returns when its run
+		// did, and the dispatcher's bound ends every run.
+		{"cron", r.startCron, func(context.Context) { r.cron.Stop() }},
+		// Started when the runner was (nothing to start); here, its Shutdown
+		// lets the runs in flight finish within the bound, then cancels them.
+		{"dispatcher", func(context.Context) error { return nil }, func(bound context.Context) { r.disp.Shutdown(bound) }},
+		// Stops taking records and waits (up to the shutdown timeout) for
+		// those in flight, which it then cancels; nothing unhandled is
+		// committed.
+		{"kafka_consumer", r.startConsumer, func(context.Context) { r.consumer.Stop() }},
+		// The last to start, the first to stop: POST /v1/* answers 503 and
+		// /readyz fails, while reads, health and metrics go on.
+		{"admission", func(context.Context) error { return nil }, func(context.Context) { r.api.Drain() }},
+	}
+}
+
+// Start brings the components up in order. On failure it returns a
+// *StartError; call Stop to take down what did start.
 func (r *Replica) Start(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.started {
+	if r.began {
 		return errors.New("replica: started twice")
 	}
-	r.started = true
+	r.began = true
 	if r.rc.OpenLocker == nil {
 		return &StartError{Step: "lock", Code: job.ExitUsage, Err: errors.New("no OpenLocker")}
 	}
-	cfg, log := r.cfg, r.log
+	if r.rc.Kinds == nil {
+		reg, err := kinds.Registry()
+		if err != nil {
+			return &StartError{Step: "kinds", Code: job.ExitFailed, Err: err}
+		}
+		r.rc.Kinds = reg
+		r.names = topics.New(r.cfg.KafkaTopicPrefix, reg.Topics()...)
+	}
 	r.reg = prometheus.NewRegistry()
 	r.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	for _, c := range r.components() {
+		if err := c.start(ctx); err != nil {
+			se := &StartError{Code: job.ExitFailed, Err: err}
+			errors.As(err, &se)
+			se.Step = c.name
+			return se
+		}
+		r.started = append(r.started, c)
+	}
+	r.logStarted()
+	return nil
+}
 
-	// Postgres: batch workers, the planner, reaper workers, status reads.
-	stepCtx, cancel := context.WithTimeout(ctx, StartupTimeout)
+// Stop takes the started components down in reverse order under one bound
+// (COORDINATOR_SHUTDOWN_TIMEOUT). Safe twice, and after a failed Start.
+func (r *Replica) Stop() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	bound, cancel := context.WithTimeout(context.Background(), r.cfg.ShutdownTimeout)
 	defer cancel()
-	pool, err := postgres.Connect(stepCtx, cfg.DatabaseURL, int32(cfg.BillrunWorkers+8))
+	for i := len(r.started) - 1; i >= 0; i-- {
+		if c := r.started[i]; c.stop != nil {
+			c.stop(bound)
+		}
+	}
+	r.started = nil
+	r.pool, r.locker, r.sink, r.adm, r.runner, r.disp, r.consumer, r.cron, r.api, r.http = nil, nil, nil, nil, nil, nil, nil, nil, nil, nil
+}
+
+// startPostgres opens the pool: batch workers, planners, reaper workers,
+// status reads. Pending migrations are logged; readiness fails until they
+// are applied.
+func (r *Replica) startPostgres(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, StartupTimeout)
+	defer cancel()
+	pool, err := postgres.Connect(ctx, r.cfg.DatabaseURL, int32(r.cfg.BillrunWorkers+8))
 	if err != nil {
-		return &StartError{Step: "postgres", Code: job.ExitUnavailable, Err: err}
+		return failed(job.ExitUnavailable, err)
 	}
 	r.pool = pool
-	if pending, err := pendingMigrations(stepCtx, pool); err != nil {
-		log.Error("migrations_unknown", "error", err, "detail", "readiness fails until `coordinator migrate up` has run")
+	if pending, err := pendingMigrations(ctx, pool); err != nil {
+		r.log.Error("migrations_unknown", "error", err, "detail", "readiness fails until `coordinator migrate up` has run")
 	} else if pending > 0 {
-		log.Error("migrations_pending", "pending", pending, "detail", "run `coordinator migrate up`; readiness fails until then")
+		r.log.Error("migrations_pending", "pending", pending, "detail", "run `coordinator migrate up`; readiness fails until then")
 	}
+	return nil
+}
 
-	locker, err := r.rc.OpenLocker(stepCtx, cfg, log, r.reg)
+func (r *Replica) startLock(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, StartupTimeout)
+	defer cancel()
+	locker, err := r.rc.OpenLocker(ctx, r.cfg, r.log, r.reg)
 	if err != nil {
-		return &StartError{Step: "lock", Code: job.ExitUnavailable, Err: err}
+		return failed(job.ExitUnavailable, err)
 	}
 	r.locker = locker
+	return nil
+}
 
+// startEvents starts the Kafka event sink; every event also goes to the log
+// (and to Config.Emit).
+func (r *Replica) startEvents(ctx context.Context) error {
 	sink, err := eventsink.New(eventsink.Config{
-		Brokers: cfg.KafkaBrokers, Topic: r.names.Events, Log: log,
+		Brokers: r.cfg.KafkaBrokers, Topic: r.names.Events, Log: r.log,
 		Metrics:    eventsink.NewMetrics(r.reg),
-		ClientOpts: []kgo.Opt{kgo.ClientID("coordinator-events-" + cfg.ReplicaID)},
+		ClientOpts: []kgo.Opt{kgo.ClientID("coordinator-events-" + r.cfg.ReplicaID)},
 	})
 	if err != nil {
-		return &StartError{Step: "event_sink", Code: job.ExitFailed, Err: err}
+		return err
 	}
 	if err := sink.Start(ctx); err != nil {
-		return &StartError{Step: "event_sink", Code: job.ExitUnavailable, Err: err}
+		return failed(job.ExitUnavailable, err)
 	}
 	r.sink = sink
-	emit := events.Multi{events.NewLogEmitter(log), sink}
+	emit := events.Multi{events.NewLogEmitter(r.log), sink}
 	if r.rc.Emit != nil {
 		emit = append(emit, r.rc.Emit)
 	}
 	r.emit = emit
+	return nil
+}
 
-	adm, err := topics.Dial(cfg.KafkaBrokers, kgo.ClientID("coordinator-admin-"+cfg.ReplicaID))
+// startTopics creates the deployment's topics when allowed. Missing topics
+// are not fatal: readiness names them until they exist.
+func (r *Replica) startTopics(ctx context.Context) error {
+	adm, err := topics.Dial(r.cfg.KafkaBrokers, kgo.ClientID("coordinator-admin-"+r.cfg.ReplicaID))
 	if err != nil {
-		return &StartError{Step: "kafka_admin", Code: job.ExitFailed, Err: err}
+		return err
 	}
 	r.adm = adm
-	if err := topics.Ensure(stepCtx, adm, r.names, cfg.KafkaCreateTopics); err != nil {
-		// Not fatal: readiness names the missing topics until they exist.
-		log.Error("topics_not_ready", "create", cfg.KafkaCreateTopics, "error", err)
+	ctx, cancel := context.WithTimeout(ctx, StartupTimeout)
+	defer cancel()
+	if err := topics.Ensure(ctx, adm, r.names, r.cfg.KafkaCreateTopics); err != nil {
+		r.log.Error("topics_not_ready", "create", r.cfg.KafkaCreateTopics, "error", err)
 	}
+	return nil
+}
 
-	bcfg := billrun.Config{ReplicaID: cfg.ReplicaID, BatchSize: cfg.BillrunBatchSize, Workers: cfg.BillrunWorkers,
-		Logger: log, Metrics: billrun.NewMetrics(r.reg)}
-	if d := r.rc.BatchDelay; d > 0 {
-		bcfg.BeforeBatch = func(ctx context.Context, _, _ int64) error {
-			t := time.NewTimer(d)
-			defer t.Stop()
-			select {
-			case <-t.C:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-	}
-	r.runner = billrun.New(pool, locker, r.emit, bcfg)
-	scfg := msisdnreaper.Config{ReplicaID: cfg.ReplicaID, Lease: cfg.ReaperLease, BatchSize: cfg.ReaperBatchSize,
-		MinHold: cfg.ReaperMinHold, Logger: log, Metrics: msisdnreaper.NewMetrics(r.reg)}
-	if err := scfg.Validate(); err != nil {
-		return &StartError{Step: "reaper", Code: job.ExitUsage, Err: err}
-	}
-	sweeper := msisdnreaper.NewSweeper(pool, locker, r.emit, scfg)
-
-	tm := trigger.NewMetrics(r.reg)
-	r.disp = trigger.NewDispatcher(trigger.DispatcherConfig{BillRuns: r.runner, Sweeper: sweeper, Log: log, Metrics: tm, Replica: cfg.ReplicaID})
-
-	kcfg := trigger.KafkaConfig{Brokers: cfg.KafkaBrokers, Group: cfg.KafkaGroup, Topics: r.names, Replica: cfg.ReplicaID,
-		DrainTimeout: cfg.ShutdownTimeout}
-	if st := r.rc.SessionTimeout; st > 0 {
-		kcfg.ClientOpts = append(kcfg.ClientOpts, kgo.SessionTimeout(st), kgo.HeartbeatInterval(st/6))
-	}
-	consumer, err := trigger.NewKafkaConsumer(kcfg, r.disp, r.emit, log, tm)
+// startRunner opens every kind behind the owned-run template and the
+// dispatcher. A kind's bad configuration is exit 64.
+func (r *Replica) startRunner(context.Context) error {
+	runner, err := owned.NewRunner(r.rc.Kinds, owned.Deps{Config: r.cfg, DB: r.pool, Locker: r.locker, Log: r.log,
+		Registerer: r.reg}, r.emit)
 	if err != nil {
-		return &StartError{Step: "kafka_consumer", Code: job.ExitFailed, Err: err}
+		return failed(job.ExitUsage, err)
 	}
-	if err := consumer.Start(ctx); err != nil {
-		return &StartError{Step: "kafka_consumer", Code: job.ExitUnavailable, Err: err}
-	}
-	r.consumer = consumer
+	r.runner, r.tm = runner, trigger.NewMetrics(r.reg)
+	r.disp = trigger.NewDispatcher(trigger.DispatcherConfig{Runner: runner, Log: r.log, Metrics: r.tm})
+	return nil
+}
 
-	cr, err := trigger.NewCron(cfg.ReplicaID, log, r.cronJobs()...)
-	if err != nil {
-		return &StartError{Step: "cron", Code: job.ExitUsage, Err: err}
-	}
-	if err := cr.Start(ctx); err != nil {
-		return &StartError{Step: "cron", Code: job.ExitFailed, Err: err}
-	}
-	r.cron = cr
-
+func (r *Replica) startHTTP(ctx context.Context) error {
 	var inspector ownership.Inspector
-	if in, ok := locker.(ownership.Inspector); ok {
+	if in, ok := r.locker.(ownership.Inspector); ok {
 		inspector = in
 	}
-	runner := r.runner
 	api, err := httpapi.New(httpapi.Config{
-		Replica: cfg.ReplicaID, Token: cfg.AdminToken, Dispatcher: r.disp,
-		Status: func(ctx context.Context, period string) (any, error) {
-			p, err := billrun.ParsePeriod(period)
-			if err != nil {
-				return nil, err
-			}
-			st, err := runner.Status(ctx, p)
-			if errors.Is(err, billrun.ErrNotFound) {
-				return nil, httpapi.ErrNotFound
-			}
-			return st, err
-		},
+		Replica: r.cfg.ReplicaID, Token: r.cfg.AdminToken, Kinds: r.rc.Kinds, Dispatcher: r.disp,
 		Locks: inspector, Checks: r.readinessChecks(),
 		Metrics: promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg}),
-		Log:     log, Registerer: r.reg,
+		Log:     r.log, Registerer: r.reg,
 	})
 	if err != nil {
-		return &StartError{Step: "http", Code: job.ExitFailed, Err: err}
+		return err
 	}
 	r.api = api
-	srv := httpapi.NewServer(cfg.HTTPAddr, api, log)
+	srv := httpapi.NewServer(r.cfg.HTTPAddr, api, r.log)
 	if err := srv.Start(ctx); err != nil {
-		return &StartError{Step: "http", Code: job.ExitUnavailable, Err: err}
+		return failed(job.ExitUnavailable, err)
 	}
 	r.http = srv
+	return nil
+}
 
+func (r *Replica) startCron(ctx context.Context) error {
+	cr, err := trigger.NewCron(r.cfg.ReplicaID, r.log, r.disp.CronJobs()...)
+	if err != nil {
+		return failed(job.ExitUsage, err)
+	}
+	if err := cr.Start(ctx); err != nil {
+		return err
+	}
+	r.cron = cr
+	return nil
+}
+
+func (r *Replica) startConsumer(ctx context.Context) error {
+	kcfg := trigger.KafkaConfig{Brokers: r.cfg.KafkaBrokers, Group: r.cfg.KafkaGroup, Kinds: r.rc.Kinds, Topics: r.names,
+		Replica: r.cfg.ReplicaID, DrainTimeout: r.cfg.ShutdownTimeout, ClientOpts: r.consumerOpts}
+	consumer, err := trigger.NewKafkaConsumer(kcfg, r.disp, r.emit, r.log, r.tm)
+	if err != nil {
+		return err
+	}
+	if err := consumer.Start(ctx); err != nil {
+		return failed(job.ExitUnavailable, err)
+	}
+	r.consumer = consumer
+	return nil
+}
+
+func (r *Replica) logStarted() {
+	cfg := r.cfg
 	lockMode := cfg.LockRedisMode
 	if !cfg.LockEnabled {
 		lockMode = "memory (single replica)"
 	}
-	log.Info("coordinator_started",
+	var schedules []string
+	for _, j := range r.disp.CronJobs() {
+		schedules = append(schedules, j.Name+"="+j.Spec)
+	}
+	r.log.Info("coordinator_started",
 		"version", r.rc.Version,
-		"http_addr", srv.Addr().String(),
+		"http_addr", r.http.Addr().String(),
 		"kafka_brokers", strings.Join(cfg.KafkaBrokers, ","),
 		"kafka_group", cfg.KafkaGroup,
+		"kinds", strings.Join(r.rc.Kinds.Commands(), ","),
 		"trigger_topics", strings.Join(r.names.Triggers(), ","),
 		"events_topic", r.names.Events,
 		"lock_mode", lockMode,
 		"lock_key_prefix", cfg.LockKeyPrefix,
 		"lock_watchdog_timeout", cfg.LockWatchdogTimeout,
-		"reaper_schedule", cfg.ReaperSchedule,
-		"billrun_schedule", cfg.BillrunSchedule,
+		"schedules", strings.Join(schedules, "; "),
 		"admin_api", cfg.AdminToken != "",
 	)
-	return nil
-}
-
-// cronJobs are the reaper schedule and the optional bill-run schedule. A
-// tick's work runs detached from the cron's own cancellation: shutdown gives
-// it the dispatcher's bound (COORDINATOR_SHUTDOWN_TIMEOUT) to finish.
-func (r *Replica) cronJobs() []trigger.CronJob {
-	disp, log := r.disp, r.log
-	jobs := []trigger.CronJob{{
-		Name: msisdnreaper.JobName, Spec: r.cfg.ReaperSchedule,
-		Run: func(ctx context.Context, t job.Trigger) { disp.Sweep(context.WithoutCancel(ctx), t) },
-	}}
-	if spec := r.cfg.BillrunSchedule; spec != "" {
-		loc := ScheduleLocation(spec)
-		jobs = append(jobs, trigger.CronJob{
-			Name: billrun.JobName, Spec: spec,
-			Run: func(ctx context.Context, t job.Trigger) {
-				p := billrun.PeriodOf(time.Now().In(loc)).Previous()
-				if _, err := disp.BillRun(context.WithoutCancel(ctx), p.String(), t); err != nil {
-					log.Error("cron_billrun_failed", "period", p.String(), "request_id", t.RequestID, "error", err)
-				}
-			},
-		})
-	}
-	return jobs
-}
-
-// ScheduleLocation is the time zone a cron spec fires in: its CRON_TZ= or
-// TZ= prefix, else the process's local zone.
-func ScheduleLocation(spec string) *time.Location {
-	for _, p := range []string{"CRON_TZ=", "TZ="} {
-		if rest, ok := strings.CutPrefix(spec, p); ok {
-			name, _, _ := strings.Cut(rest, " ")
-			if loc, err := time.LoadLocation(name); err == nil {
-				return loc
-			}
-		}
-	}
-	return time.Local
 }
 
 // readinessChecks name each dependency: redis (when the lock is on), postgres
@@ -378,53 +448,4 @@ func pendingMigrations(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 	}
 	defer m.Close()
 	return m.Pending(ctx)
-}
-
-// Stop shuts the replica down in reverse start order. Safe twice, and after a
-// failed Start.
-func (r *Replica) Stop() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.pool == nil {
-		return // never started, or already stopped
-	}
-	bound, cancel := context.WithTimeout(context.Background(), r.cfg.ShutdownTimeout)
-	defer cancel()
-	if r.api != nil {
-		r.api.Drain()
-	}
-	var wg sync.WaitGroup
-	if r.cron != nil {
-		wg.Go(r.cron.Stop)
-	}
-	if r.consumer != nil {
-		wg.Go(r.consumer.Stop)
-	}
-	if r.disp != nil {
-		r.disp.Shutdown(bound)
-	}
-	wg.Wait()
-	if r.http != nil {
-		httpCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if err := r.http.Stop(httpCtx); err != nil {
-			r.log.Warn("http_stop_error", "error", err)
-		}
-		cancel()
-	}
-	if r.sink != nil {
-		r.sink.Stop()
-		if n := r.sink.Dropped(); n > 0 {
-			r.log.Warn("events_dropped_at_shutdown", "dropped", n)
-		}
-	}
-	if r.adm != nil {
-		r.adm.Close()
-	}
-	if r.locker != nil {
-		if err := r.locker.Close(); err != nil {
-			r.log.Warn("lock_close_error", "error", err)
-		}
-	}
-	r.pool.Close()
-	r.pool, r.locker, r.sink, r.adm, r.disp, r.consumer, r.cron, r.api, r.http = nil, nil, nil, nil, nil, nil, nil, nil, nil
 }

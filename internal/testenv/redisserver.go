@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -15,36 +18,86 @@ import (
 
 // RedisServer is a redis-server of the test's own on a free loopback port,
 // which the test may stop and start again at the same address (outage
-// tests). The shared services are never touched. The server is killed when
-// the test ends, and also if the test binary itself dies (Pdeathsig), so a
-// timed-out test run leaves nothing behind.
+// tests), pause (SIGSTOP) and resume. The shared services are never
+// touched. The server is killed when the test ends, and also if the test
+// binary itself dies (Pdeathsig), so a timed-out test run leaves nothing
+// behind.
 type RedisServer struct {
 	t    testing.TB
 	bin  string
 	dir  string
 	port int
+	opts RedisServerOptions
 	cmd  *exec.Cmd
 	done chan struct{}
 }
 
-// StartRedisServer starts a throwaway redis-server and waits until it answers.
+// RedisServerOptions shape a throwaway server. The zero value is a plain
+// standalone server without persistence.
+type RedisServerOptions struct {
+	// Args are extra redis-server arguments, e.g. "--enable-debug-command",
+	// "yes" (DEBUG SLEEP stalls) or "--maxmemory-policy", "allkeys-lru".
+	Args []string
+	// ReplicaOf, host:port, starts the server as a replica of that master.
+	ReplicaOf string
+	// SentinelConf, when set, runs the server as a Sentinel
+	// (`redis-server sentinel.conf --sentinel`) with these config lines; the
+	// port, bind and dir lines are added.
+	SentinelConf []string
+}
+
+// StartRedisServer starts a throwaway standalone redis-server and waits
+// until it answers.
 func StartRedisServer(t testing.TB) *RedisServer {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("testenv: free port: %v", err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
-	s := &RedisServer{t: t, bin: Binary(t, EnvRedisServerBin, "/usr/bin/redis-server"), dir: t.TempDir(), port: port}
+	return StartRedisServerWith(t, RedisServerOptions{})
+}
+
+// StartRedisServerWith starts a throwaway redis-server shaped by o and
+// waits until it answers PING.
+func StartRedisServerWith(t testing.TB, o RedisServerOptions) *RedisServer {
+	t.Helper()
+	s := &RedisServer{t: t, bin: Binary(t, EnvRedisServerBin, "/usr/bin/redis-server"), dir: t.TempDir(), port: mustFreePort(t), opts: o}
 	s.Start()
 	t.Cleanup(s.Stop)
 	return s
 }
 
+func mustFreePort(t testing.TB) int {
+	t.Helper()
+	port, err := freePort()
+	if err != nil {
+		t.Fatalf("testenv: free port: %v", err)
+	}
+	return port
+}
+
 // Addr is host:port; URL is a redis:// URL for db 0.
 func (s *RedisServer) Addr() string { return fmt.Sprintf("127.0.0.1:%d", s.port) }
 func (s *RedisServer) URL() string  { return "redis://" + s.Addr() + "/0" }
+
+// Port is the server's TCP port.
+func (s *RedisServer) Port() int { return s.port }
+
+func (s *RedisServer) args() []string {
+	if s.opts.SentinelConf != nil {
+		conf := filepath.Join(s.dir, "sentinel.conf")
+		if _, err := os.Stat(conf); err != nil { // first start: Sentinel rewrites it later
+			lines := append([]string{"port " + strconv.Itoa(s.port), "bind 127.0.0.1", "dir " + s.dir, "loglevel warning"}, s.opts.SentinelConf...)
+			if err := os.WriteFile(conf, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+				s.t.Fatalf("testenv: write sentinel.conf: %v", err)
+			}
+		}
+		return []string{conf, "--sentinel"}
+	}
+	args := []string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--save", "",
+		"--appendonly", "no", "--daemonize", "no", "--dir", s.dir, "--loglevel", "warning"}
+	if s.opts.ReplicaOf != "" {
+		host, port, _ := net.SplitHostPort(s.opts.ReplicaOf)
+		args = append(args, "--replicaof", host, port)
+	}
+	return append(args, s.opts.Args...)
+}
 
 // Start (re)starts the server on its port and waits until it answers.
 func (s *RedisServer) Start() {
@@ -52,8 +105,7 @@ func (s *RedisServer) Start() {
 	if s.cmd != nil {
 		return
 	}
-	cmd := exec.Command(s.bin, "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--save", "",
-		"--appendonly", "no", "--daemonize", "no", "--dir", s.dir, "--loglevel", "warning")
+	cmd := exec.Command(s.bin, s.args()...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		s.t.Fatalf("testenv: start redis-server: %v", err)
@@ -89,9 +141,25 @@ func (s *RedisServer) Stop() {
 	if s.cmd == nil {
 		return
 	}
+	_ = s.cmd.Process.Signal(syscall.SIGCONT) // a paused process dies too, but do not leave it stopped
 	_ = s.cmd.Process.Signal(syscall.SIGKILL)
 	<-s.done
 	s.cmd = nil
+}
+
+// Pause stops the server process (SIGSTOP): connections stay open, nothing
+// is answered, replication stops. Resume continues it.
+func (s *RedisServer) Pause() {
+	if s.cmd != nil {
+		_ = s.cmd.Process.Signal(syscall.SIGSTOP)
+	}
+}
+
+// Resume continues a paused server (SIGCONT).
+func (s *RedisServer) Resume() {
+	if s.cmd != nil {
+		_ = s.cmd.Process.Signal(syscall.SIGCONT)
+	}
 }
 
 // Client returns a client on the server, closed when the test ends.
@@ -99,4 +167,174 @@ func (s *RedisServer) Client(t testing.TB) *redis.Client {
 	c := redis.NewClient(&redis.Options{Addr: s.Addr()})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// Stall blocks the server's event loop for d with DEBUG SLEEP (the server
+// needs RedisServerOptions.Args "--enable-debug-command", "yes") and
+// returns once the server has stopped answering, so that whatever the
+// caller sends next waits in the server's buffers until the stall ends.
+// The returned channel closes when DEBUG SLEEP has returned.
+func (s *RedisServer) Stall(t testing.TB, d time.Duration) <-chan struct{} {
+	t.Helper()
+	sleeper := redis.NewClient(&redis.Options{Addr: s.Addr(), ReadTimeout: d + 10*time.Second, MaxRetries: -1})
+	probe := redis.NewClient(&redis.Options{Addr: s.Addr(), ReadTimeout: 50 * time.Millisecond, MaxRetries: -1, PoolSize: 1})
+	defer probe.Close()
+	require := func(err error) {
+		if err != nil {
+			t.Fatalf("testenv: stall %s: %v", s.Addr(), err)
+		}
+	}
+	require(probe.Ping(context.Background()).Err()) // a connection before the stall
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer sleeper.Close()
+		if err := sleeper.Do(context.Background(), "debug", "sleep", strconv.FormatFloat(d.Seconds(), 'f', 3, 64)).Err(); err != nil {
+			t.Errorf("testenv: DEBUG SLEEP on %s: %v", s.Addr(), err)
+		}
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		// The probe connection was made before the stall: a PING that
+		// times out means the event loop is asleep.
+		err := probe.Ping(context.Background()).Err()
+		if err != nil {
+			return done
+		}
+		select {
+		case <-done:
+			t.Fatalf("testenv: DEBUG SLEEP on %s returned before it was seen", s.Addr())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("testenv: %s never stalled", s.Addr())
+		}
+	}
+}
+
+// RedisSentinelSet is a master, one replica and one Sentinel (quorum 1,
+// down-after 1s), all throwaway redis-servers of the test's own: a test may
+// kill the master and watch Sentinel promote the replica.
+type RedisSentinelSet struct {
+	Master, Replica, Sentinel *RedisServer
+	// MasterName is the name Sentinel monitors.
+	MasterName string
+}
+
+// StartRedisSentinelSet starts the set and waits until the replica is in
+// sync and Sentinel knows both servers. args go to master and replica.
+func StartRedisSentinelSet(t testing.TB, args ...string) *RedisSentinelSet {
+	t.Helper()
+	master := StartRedisServerWith(t, RedisServerOptions{Args: args})
+	replica := StartRedisServerWith(t, RedisServerOptions{Args: args, ReplicaOf: master.Addr()})
+	s := &RedisSentinelSet{Master: master, Replica: replica, MasterName: "testmaster"}
+	rc := redis.NewClient(&redis.Options{Addr: replica.Addr(), MaxRetries: -1})
+	defer rc.Close()
+	waitFor(t, 20*time.Second, "replica in sync", func(ctx context.Context) bool {
+		info, err := rc.Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(info, "master_link_status:up")
+	})
+	s.Sentinel = StartRedisServerWith(t, RedisServerOptions{SentinelConf: []string{
+		fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 1", s.MasterName, master.Port()),
+		"sentinel down-after-milliseconds " + s.MasterName + " 1000",
+		"sentinel failover-timeout " + s.MasterName + " 5000",
+		"sentinel parallel-syncs " + s.MasterName + " 1",
+	}})
+	sc := redis.NewSentinelClient(&redis.Options{Addr: s.Sentinel.Addr()})
+	defer sc.Close()
+	waitFor(t, 20*time.Second, "sentinel sees the replica", func(ctx context.Context) bool {
+		rs, err := sc.Replicas(ctx, s.MasterName).Result()
+		return err == nil && len(rs) == 1
+	})
+	return s
+}
+
+// URL is the sentinel-mode lock URL (redislock.ParseOptions' format).
+func (s *RedisSentinelSet) URL() string {
+	return "redis://" + s.Sentinel.Addr() + "/0?master_name=" + s.MasterName
+}
+
+// MasterAddr asks Sentinel which server is the master now.
+func (s *RedisSentinelSet) MasterAddr(ctx context.Context) (string, error) {
+	sc := redis.NewSentinelClient(&redis.Options{Addr: s.Sentinel.Addr()})
+	defer sc.Close()
+	hp, err := sc.GetMasterAddrByName(ctx, s.MasterName).Result()
+	if err != nil {
+		return "", err
+	}
+	return net.JoinHostPort(hp[0], hp[1]), nil
+}
+
+// WaitMaster waits until Sentinel names addr as the master and addr itself
+// answers as a master.
+func (s *RedisSentinelSet) WaitMaster(t testing.TB, addr string, within time.Duration) {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer c.Close()
+	waitFor(t, within, "sentinel promotes "+addr, func(ctx context.Context) bool {
+		got, err := s.MasterAddr(ctx)
+		if err != nil || got != addr {
+			return false
+		}
+		info, err := c.Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(info, "role:master")
+	})
+}
+
+// waitFor polls cond (each call bounded by a second) until it holds or
+// within has passed, then fails the test naming what.
+func waitFor(t testing.TB, within time.Duration, what string, cond func(ctx context.Context) bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		ok := cond(ctx)
+		cancel()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("testenv: %s: not within %s", what, within)
+		}
+		time.Sleep(50 * time.Millisecond) // polling a server's state, bounded by the deadline
+	}
+}
+
+// CutReplication makes the master's next writes miss the replica for good
+// when the master dies: the replica is paused, and the master writes junk
+// until the replication stream backs up into the master's own output buffer
+// (the kernel's socket buffers are full). Whatever is written next waits in
+// that buffer, and a killed master takes it along. Resume the replica with
+// Replica.Resume.
+func (s *RedisSentinelSet) CutReplication(t testing.TB) {
+	t.Helper()
+	s.Replica.Pause()
+	c := redis.NewClient(&redis.Options{Addr: s.Master.Addr()})
+	defer c.Close()
+	ctx := context.Background()
+	junk := strings.Repeat("x", 1<<20)
+	for i := range 256 {
+		if err := c.Set(ctx, "testenv:junk:"+strconv.Itoa(i), junk, 0).Err(); err != nil {
+			t.Fatalf("testenv: cut replication: %v", err)
+		}
+		list, err := c.Do(ctx, "client", "list", "type", "replica").Text()
+		if err != nil {
+			t.Fatalf("testenv: cut replication: %v", err)
+		}
+		if omem := clientField(list, "omem"); omem >= 1<<20 {
+			return
+		}
+	}
+	t.Fatal("testenv: cut replication: the replication stream never backed up")
+}
+
+// clientField reads a numeric field (name=N) of the first CLIENT LIST line.
+func clientField(list, name string) int64 {
+	for _, f := range strings.Fields(list) {
+		if v, ok := strings.CutPrefix(f, name+"="); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return -1
 }

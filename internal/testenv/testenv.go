@@ -3,9 +3,12 @@
 //
 // Where they come from, in order:
 //  1. the environment: COORDINATOR_TEST_DATABASE_URL, COORDINATOR_TEST_REDIS_URL,
-//     COORDINATOR_TEST_REDIS_CLUSTER_ADDRS, COORDINATOR_TEST_KAFKA_BROKERS
+//     COORDINATOR_TEST_REDIS_CLUSTER_ADDRS, COORDINATOR_TEST_REDIS_SENTINEL_ADDRS
+//     (with COORDINATOR_TEST_REDIS_SENTINEL_MASTER), COORDINATOR_TEST_KAFKA_BROKERS
 //     (`eval "$(scripts/services env)"` after `scripts/services up`);
-//  2. testcontainers-go, when a Docker engine answers;
+//  2. testcontainers-go, when a Docker engine answers (for Sentinel: a
+//     private master, replica and Sentinel started from the local
+//     redis-server, see StartRedisSentinelSet);
 //  3. otherwise the test fails, saying how to provide one. A real dependency
 //     is never skipped silently.
 package testenv
@@ -33,6 +36,8 @@ const (
 	EnvDatabaseURL       = "COORDINATOR_TEST_DATABASE_URL"
 	EnvRedisURL          = "COORDINATOR_TEST_REDIS_URL"
 	EnvRedisClusterAddrs = "COORDINATOR_TEST_REDIS_CLUSTER_ADDRS"
+	EnvRedisSentinels    = "COORDINATOR_TEST_REDIS_SENTINEL_ADDRS"
+	EnvRedisSentinelName = "COORDINATOR_TEST_REDIS_SENTINEL_MASTER"
 	EnvKafkaBrokers      = "COORDINATOR_TEST_KAFKA_BROKERS"
 	EnvRedisServerBin    = "COORDINATOR_TEST_REDIS_SERVER_BIN"
 	EnvPGBinDir          = "COORDINATOR_TEST_PG_BIN_DIR"
@@ -181,15 +186,20 @@ func Redis(t testing.TB) *RedisEnv {
 	}
 	prefix := UniqueName("t")
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		iter := c.Scan(ctx, 0, prefix+":*", 1000).Iterator()
-		for iter.Next(ctx) {
-			c.Del(ctx, iter.Val())
-		}
+		deletePrefix(c, prefix)
 		_ = c.Close()
 	})
 	return &RedisEnv{URL: raw, Client: c, Prefix: prefix}
+}
+
+// deletePrefix deletes every key under prefix (a test's own), bounded.
+func deletePrefix(c *redis.Client, prefix string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	iter := c.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+	for iter.Next(ctx) {
+		c.Del(ctx, iter.Val())
+	}
 }
 
 // RedisClusterAddrs returns the seed addresses of a 3-master Redis Cluster.
@@ -201,6 +211,41 @@ func RedisClusterAddrs(t testing.TB) []string {
 		unavailable(t, "Redis Cluster", EnvRedisClusterAddrs, nil)
 	}
 	return strings.Split(raw, ",")
+}
+
+// RedisSentinelEnv is a Sentinel-watched master (and replica) and a key
+// prefix of the test's own.
+type RedisSentinelEnv struct {
+	// URL is the lock URL in sentinel mode: redis://s1[,s2...]/0?master_name=NAME.
+	URL string
+	// Client talks to the current master through Sentinel.
+	Client *redis.Client
+	Prefix string
+}
+
+// RedisSentinel returns the test Sentinel set of COORDINATOR_TEST_REDIS_SENTINEL_ADDRS
+// and COORDINATOR_TEST_REDIS_SENTINEL_MASTER, else a private one
+// (StartRedisSentinelSet), and a fresh key prefix whose keys are deleted
+// when the test ends. Tests that kill servers use StartRedisSentinelSet.
+func RedisSentinel(t testing.TB) *RedisSentinelEnv {
+	t.Helper()
+	addrs, name := os.Getenv(EnvRedisSentinels), os.Getenv(EnvRedisSentinelName)
+	if addrs == "" || name == "" {
+		set := StartRedisSentinelSet(t)
+		addrs, name = set.Sentinel.Addr(), set.MasterName
+	}
+	c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: name, SentinelAddrs: strings.Split(addrs, ",")})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("testenv: Redis master %q via Sentinel %s: %v (%s)", name, addrs, err, howTo)
+	}
+	prefix := UniqueName("t")
+	t.Cleanup(func() {
+		deletePrefix(c, prefix)
+		_ = c.Close()
+	})
+	return &RedisSentinelEnv{URL: "redis://" + addrs + "/0?master_name=" + name, Client: c, Prefix: prefix}
 }
 
 // KafkaEnv is a real Kafka broker and a namespace of topic names.

@@ -17,45 +17,53 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// The contract's topic names, before any prefix.
+// The contract's own topic names, before any prefix. Trigger topics belong
+// to the kinds (owned.Spec.Topic) and are passed to New.
 const (
-	BillrunRequested = "billing.billrun.requested"
-	ReaperRequested  = "subscription.msisdn-reaper.requested"
-	DLQ              = "coordinator.triggers.dlq"
-	Events           = "coordinator.ownership.events"
+	DLQ    = "coordinator.triggers.dlq"
+	Events = "coordinator.ownership.events"
 )
 
 // Names are the topic names one deployment uses.
 type Names struct {
-	BillrunRequested string
-	ReaperRequested  string
-	DLQ              string
-	Events           string
+	// DLQ and Events are the prefixed contract topics.
+	DLQ    string
+	Events string
+
+	prefix   string
+	triggers []string
 }
 
-// New returns the contract names with prefix prepended. An empty prefix
-// gives the contract names unchanged; otherwise prefix and name are joined
-// with a dot unless the prefix already ends in '.', '_' or '-'
-// ("t_ab12" -> "t_ab12.billing.billrun.requested").
-func New(prefix string) Names {
+// New returns the deployment's names: the contract topics and the given
+// trigger topics (contract names, usually owned.Registry.Topics()), each
+// with prefix prepended. An empty prefix gives the contract names
+// unchanged; otherwise prefix and name are joined with a dot unless the
+// prefix already ends in '.', '_' or '-' ("t_ab12" ->
+// "t_ab12.billing.billrun.requested").
+func New(prefix string, triggerTopics ...string) Names {
 	p := prefix
 	if p != "" && !strings.HasSuffix(p, ".") && !strings.HasSuffix(p, "_") && !strings.HasSuffix(p, "-") {
 		p += "."
 	}
-	return Names{
-		BillrunRequested: p + BillrunRequested,
-		ReaperRequested:  p + ReaperRequested,
-		DLQ:              p + DLQ,
-		Events:           p + Events,
+	n := Names{DLQ: p + DLQ, Events: p + Events, prefix: p}
+	for _, t := range triggerTopics {
+		n.triggers = append(n.triggers, p+t)
 	}
+	return n
 }
 
-// Triggers are the topics the trigger consumer reads.
-func (n Names) Triggers() []string { return []string{n.BillrunRequested, n.ReaperRequested} }
+// IsZero reports whether n is the zero Names (no New yet).
+func (n Names) IsZero() bool { return n.DLQ == "" && n.Events == "" }
+
+// Topic is a contract topic name with the deployment's prefix.
+func (n Names) Topic(name string) string { return n.prefix + name }
+
+// Triggers are the trigger topics, prefixed, in the order given to New.
+func (n Names) Triggers() []string { return append([]string(nil), n.triggers...) }
 
 // All lists every topic of the deployment.
 func (n Names) All() []string {
-	return []string{n.BillrunRequested, n.ReaperRequested, n.DLQ, n.Events}
+	return append(n.Triggers(), n.DLQ, n.Events)
 }
 
 // Partitions is how many partitions Ensure gives a topic it creates. Trigger

@@ -16,15 +16,17 @@ import (
 
 func TestNew(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, topics.Names{
-		BillrunRequested: "billing.billrun.requested",
-		ReaperRequested:  "subscription.msisdn-reaper.requested",
-		DLQ:              "coordinator.triggers.dlq",
-		Events:           "coordinator.ownership.events",
-	}, topics.New(""))
+	n := topics.New("", "a.requested", "b.requested")
+	require.Equal(t, "coordinator.triggers.dlq", n.DLQ)
+	require.Equal(t, "coordinator.ownership.events", n.Events)
+	require.Equal(t, []string{"a.requested", "b.requested"}, n.Triggers())
+	require.Equal(t, []string{"a.requested", "b.requested", "coordinator.triggers.dlq", "coordinator.ownership.events"}, n.All())
 	require.Equal(t, "t1.coordinator.ownership.events", topics.New("t1").Events)
 	require.Equal(t, "t1.coordinator.triggers.dlq", topics.New("t1.").DLQ)
-	require.Equal(t, "t1_billing.billrun.requested", topics.New("t1_").BillrunRequested)
+	require.Equal(t, []string{"t1_a.requested"}, topics.New("t1_", "a.requested").Triggers())
+	require.Equal(t, "t1-x", topics.New("t1-").Topic("x"))
+	require.True(t, topics.Names{}.IsZero())
+	require.False(t, topics.New("").IsZero())
 }
 
 func setup(t *testing.T) (*kadm.Client, topics.Names) {
@@ -32,7 +34,7 @@ func setup(t *testing.T) (*kadm.Client, topics.Names) {
 	k := testenv.Kafka(t)
 	adm, err := topics.Dial(k.Brokers)
 	require.NoError(t, err)
-	names := topics.New(k.Suffix)
+	names := topics.New(k.Suffix, "test.first.requested", "test.second.requested")
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -62,7 +64,7 @@ func TestEnsureWithoutCreateNamesEveryMissingTopic(t *testing.T) {
 	var missing *topics.MissingError
 	require.ErrorAs(t, err, &missing)
 	require.ErrorIs(t, err, topics.ErrMissing)
-	require.ElementsMatch(t, []string{names.BillrunRequested, names.ReaperRequested, names.DLQ}, missing.Topics)
+	require.ElementsMatch(t, append(names.Triggers(), names.DLQ), missing.Topics)
 	for _, name := range missing.Topics {
 		require.Contains(t, err.Error(), name)
 	}
@@ -85,7 +87,7 @@ func TestEnsureCreatesMissingTopicsAndIsIdempotent(t *testing.T) {
 
 	details, err := adm.ListTopics(ctx, names.All()...)
 	require.NoError(t, err)
-	require.Len(t, details[names.BillrunRequested].Partitions, 3)
+	require.Len(t, details[names.Triggers()[0]].Partitions, 3)
 	require.Len(t, details[names.DLQ].Partitions, 1)
 
 	// Several replicas starting at once: every Ensure succeeds.

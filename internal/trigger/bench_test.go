@@ -12,8 +12,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/telco-platform/coordinator/internal/billrun"
+	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/eventsink"
+	"github.com/telco-platform/coordinator/internal/owned"
 	"github.com/telco-platform/coordinator/internal/ownership/redislock"
 	"github.com/telco-platform/coordinator/internal/testenv"
 	"github.com/telco-platform/coordinator/internal/topics"
@@ -30,7 +32,10 @@ import (
 //	go test -run '^$' -bench TriggerToAcquired -benchtime 200x ./internal/trigger/
 func BenchmarkTriggerToAcquired(b *testing.B) {
 	k := testenv.Kafka(b)
-	names := topics.New(k.Suffix)
+	bills := billrun.New(billrun.Config{})
+	kinds, err := owned.NewRegistry(bills)
+	require.NoError(b, err)
+	names := topics.New(k.Suffix, kinds.Topics()...)
 	adm, err := topics.Dial(k.Brokers)
 	require.NoError(b, err)
 	defer adm.Close()
@@ -53,10 +58,11 @@ func BenchmarkTriggerToAcquired(b *testing.B) {
 	require.NoError(b, err)
 	require.NoError(b, sink.Start(ctx))
 	defer sink.Stop()
-	runner := billrun.New(pg.Pool, locker, sink, billrun.Config{ReplicaID: "bench-1"})
-	d := trigger.NewDispatcher(trigger.DispatcherConfig{BillRuns: runner, Replica: "bench-1"})
+	runner, err := owned.NewRunner(kinds, owned.Deps{Config: config.Config{ReplicaID: "bench-1"}, DB: pg.Pool, Locker: locker}, sink)
+	require.NoError(b, err)
+	d := trigger.NewDispatcher(trigger.DispatcherConfig{Runner: runner})
 	defer d.Shutdown(ctx)
-	cons, err := trigger.NewKafkaConsumer(trigger.KafkaConfig{Brokers: k.Brokers, Group: "g-" + k.Suffix, Topics: names, Replica: "bench-1"},
+	cons, err := trigger.NewKafkaConsumer(trigger.KafkaConfig{Brokers: k.Brokers, Group: "g-" + k.Suffix, Kinds: kinds, Topics: names, Replica: "bench-1"},
 		d, sink, nil, nil)
 	require.NoError(b, err)
 	require.NoError(b, cons.Start(ctx))
@@ -98,7 +104,7 @@ func BenchmarkTriggerToAcquired(b *testing.B) {
 	trig := func(i int) (string, time.Time) {
 		p := fmt.Sprintf("%04d-%02d", 2100+i/12, i%12+1)
 		start := time.Now()
-		r := &kgo.Record{Topic: names.BillrunRequested, Key: []byte(p), Value: []byte(`{"period":"` + p + `"}`)}
+		r := &kgo.Record{Topic: names.Topic(billrun.Topic), Key: []byte(p), Value: []byte(`{"period":"` + p + `"}`)}
 		require.NoError(b, prod.ProduceSync(ctx, r).FirstErr())
 		return "billrun:" + p, start
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
@@ -111,4 +112,19 @@ func (cr *Cron) Stop() {
 		cr.cancel()
 		<-cr.c.Stop().Done()
 	})
+}
+
+// ScheduleLocation is the time zone a cron spec fires in: its CRON_TZ= or
+// TZ= prefix, else the process's local zone. A kind's Tick gets the tick's
+// time in it (the bill-run schedule bills the month before, there).
+func ScheduleLocation(spec string) *time.Location {
+	for _, p := range []string{"CRON_TZ=", "TZ="} {
+		if rest, ok := strings.CutPrefix(spec, p); ok {
+			name, _, _ := strings.Cut(rest, " ")
+			if loc, err := time.LoadLocation(name); err == nil {
+				return loc
+			}
+		}
+	}
+	return time.Local
 }

@@ -4,25 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/telco-platform/coordinator/internal/billrun"
 	"github.com/telco-platform/coordinator/internal/job"
-)
-
-// Reasons a trigger record is rejected: the `reason` header of its
-// dead-letter copy and the reason of its trigger.rejected event.
-const (
-	ReasonTooLarge      = "too_large"
-	ReasonMalformedJSON = "malformed_json"
-	ReasonMissingPeriod = "missing_period"
-	ReasonBadPeriod     = "bad_period"
-	ReasonKeyMismatch   = "key_mismatch"
-	ReasonBadRequestID  = "bad_request_id"
-	ReasonBadRequester  = "bad_requested_by"
-	ReasonUnknownTopic  = "unknown_topic"
+	"github.com/telco-platform/coordinator/internal/owned"
 )
 
 // DefaultMaxRecordBytes bounds a trigger record's value (64 KiB).
@@ -31,123 +17,97 @@ const DefaultMaxRecordBytes = 64 << 10
 // maxIDLen bounds request_id and requested_by.
 const maxIDLen = 128
 
-// RejectError says why a trigger cannot be processed no matter how often it
-// is retried. It matches job.ErrBadInput.
-type RejectError struct {
-	Reason string
-	Detail string
-}
-
-func (e *RejectError) Error() string { return "trigger: rejected (" + e.Reason + "): " + e.Detail }
-
-func (e *RejectError) Is(target error) bool { return target == job.ErrBadInput }
-
-func reject(reason, format string, args ...any) *RejectError {
-	return &RejectError{Reason: reason, Detail: fmt.Sprintf(format, args...)}
-}
-
-// Request is a decoded trigger record.
+// Request is a decoded trigger record: the kind's Params and the envelope
+// every trigger shares.
 type Request struct {
-	// Period is set for bill-run requests ("2026-11").
-	Period      string
+	Params      owned.Params
 	RequestID   string
 	RequestedBy string
 }
 
-type wireRequest struct {
-	Period      *string `json:"period"`
-	RequestID   *string `json:"request_id"`
-	RequestedBy *string `json:"requested_by"`
-}
-
-// DecodeBillRun decodes a billing.billrun.requested record: value
-// {"period":"2026-11","request_id":"...","requested_by":"..."}, key the
-// period. The value is authoritative; an empty key is accepted, but a key
-// that names another period is rejected (key_mismatch) rather than guessed
-// at: the producer is confused, and records keyed by one period but meaning
-// another would break per-period ordering on the partition. Unknown fields
-// are ignored, so producers may add some. maxBytes <= 0 means
-// DefaultMaxRecordBytes.
-func DecodeBillRun(key, value []byte, maxBytes int) (Request, error) {
-	w, err := decodeValue(value, maxBytes)
+// DecodeRecord decodes a Kafka trigger record of kind k. The value is one
+// JSON object: the envelope (request_id, requested_by, both optional) plus
+// the kind's fields, which k.Decode reads (unknown fields are ignored, so
+// producers may add some). It rejects, with a reason: values over maxBytes
+// (too_large; maxBytes <= 0 means DefaultMaxRecordBytes), anything that is
+// not one JSON object (malformed_json), request ids or requesters that
+// would not print cleanly, and whatever k.Decode rejects. Every error is a
+// *owned.RejectError matching job.ErrBadInput.
+func DecodeRecord(k owned.Kind, key, value []byte, maxBytes int) (Request, error) {
+	fields, err := decodeObject(value, maxBytes)
 	if err != nil {
 		return Request{}, err
 	}
-	if w.Period == nil || *w.Period == "" {
-		return Request{}, reject(ReasonMissingPeriod, `value has no "period" (want {"period":"YYYY-MM"})`)
-	}
-	p, err := billrun.ParsePeriod(*w.Period)
-	if err != nil {
-		return Request{}, reject(ReasonBadPeriod, "%s", trimBadInput(err))
-	}
-	if len(key) > 0 && string(key) != p.String() {
-		return Request{}, reject(ReasonKeyMismatch, "record key %q does not match period %q", clip(key), p.String())
-	}
-	r, err := requestOf(w)
-	r.Period = p.String()
-	return r, err
-}
-
-// DecodeReaper decodes a subscription.msisdn-reaper.requested record: value
-// {"request_id":"...","requested_by":"..."} (both optional, but the value
-// must be a JSON object).
-func DecodeReaper(value []byte, maxBytes int) (Request, error) {
-	w, err := decodeValue(value, maxBytes)
-	if err != nil {
-		return Request{}, err
-	}
-	return requestOf(w)
-}
-
-func decodeValue(value []byte, maxBytes int) (wireRequest, error) {
-	if maxBytes <= 0 {
-		maxBytes = DefaultMaxRecordBytes
-	}
-	var w wireRequest
-	if len(value) > maxBytes {
-		return w, reject(ReasonTooLarge, "value is %d bytes, limit %d", len(value), maxBytes)
-	}
-	if !utf8.Valid(value) {
-		return w, reject(ReasonMalformedJSON, "value is not valid UTF-8")
-	}
-	trimmed := bytes.TrimSpace(value)
-	if len(trimmed) == 0 || trimmed[0] != '{' {
-		return w, reject(ReasonMalformedJSON, "value is not a JSON object")
-	}
-	dec := json.NewDecoder(bytes.NewReader(trimmed))
-	if err := dec.Decode(&w); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) {
-			return w, reject(ReasonMalformedJSON, "field %q must be a %s, got %s", te.Field, te.Type, te.Value)
-		}
-		return w, reject(ReasonMalformedJSON, "%v", err)
-	}
-	if dec.More() {
-		return w, reject(ReasonMalformedJSON, "trailing data after the JSON object")
-	}
-	return w, nil
-}
-
-func requestOf(w wireRequest) (Request, error) {
 	var r Request
-	if w.RequestID != nil {
-		r.RequestID = *w.RequestID
+	if r.RequestID, err = envelope(fields, "request_id"); err == nil {
+		r.RequestedBy, err = envelope(fields, "requested_by")
+	}
+	if err != nil {
+		return Request{}, err
+	}
+	if fields["request_id"] != nil {
 		if err := checkRequestID(r.RequestID); err != nil {
 			return Request{}, err
 		}
 	}
-	if w.RequestedBy != nil {
-		r.RequestedBy = *w.RequestedBy
-		if len(r.RequestedBy) > maxIDLen {
-			return Request{}, reject(ReasonBadRequester, "requested_by is %d bytes, limit %d", len(r.RequestedBy), maxIDLen)
-		}
-		for _, c := range r.RequestedBy {
-			if !unicode.IsPrint(c) {
-				return Request{}, reject(ReasonBadRequester, "requested_by has unprintable character %q", c)
-			}
-		}
+	if err := checkRequester(r.RequestedBy); err != nil {
+		return Request{}, err
 	}
+	delete(fields, "request_id")
+	delete(fields, "requested_by")
+	p, err := k.Decode(owned.NewInput(job.SourceKafka, key, fields, false))
+	if err != nil {
+		return Request{}, owned.RejectionOf(err)
+	}
+	r.Params = p
 	return r, nil
+}
+
+// decodeObject checks the value's size and shape and returns its members.
+func decodeObject(value []byte, maxBytes int) (map[string]json.RawMessage, error) {
+	if maxBytes <= 0 {
+		maxBytes = DefaultMaxRecordBytes
+	}
+	if len(value) > maxBytes {
+		return nil, owned.Reject(owned.ReasonTooLarge, "value is %d bytes, limit %d", len(value), maxBytes)
+	}
+	if !utf8.Valid(value) {
+		return nil, owned.Reject(owned.ReasonMalformedJSON, "value is not valid UTF-8")
+	}
+	trimmed := bytes.TrimSpace(value)
+	if len(trimmed) == 0 || trimmed[0] != '{' {
+		return nil, owned.Reject(owned.ReasonMalformedJSON, "value is not a JSON object")
+	}
+	var fields map[string]json.RawMessage
+	dec := json.NewDecoder(bytes.NewReader(trimmed))
+	if err := dec.Decode(&fields); err != nil {
+		return nil, owned.Reject(owned.ReasonMalformedJSON, "%v", err)
+	}
+	if dec.More() {
+		return nil, owned.Reject(owned.ReasonMalformedJSON, "trailing data after the JSON object")
+	}
+	return fields, nil
+}
+
+// envelope reads an optional string member; null is absent.
+func envelope(fields map[string]json.RawMessage, name string) (string, error) {
+	raw, ok := fields[name]
+	if !ok {
+		return "", nil
+	}
+	var s *string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return "", owned.Reject(owned.ReasonMalformedJSON, "field %q must be a string, got %s", name, te.Value)
+		}
+		return "", owned.Reject(owned.ReasonMalformedJSON, "field %q: %v", name, err)
+	}
+	if s == nil {
+		delete(fields, name)
+		return "", nil
+	}
+	return *s, nil
 }
 
 // checkRequestID accepts 1..128 characters from [A-Za-z0-9._:/-], so request
@@ -155,36 +115,31 @@ func requestOf(w wireRequest) (Request, error) {
 // fine (the consumer derives one); an empty string is not.
 func checkRequestID(id string) error {
 	if id == "" {
-		return reject(ReasonBadRequestID, "request_id is empty (omit it to have one derived)")
+		return owned.Reject(owned.ReasonBadRequestID, "request_id is empty (omit it to have one derived)")
 	}
 	if len(id) > maxIDLen {
-		return reject(ReasonBadRequestID, "request_id is %d bytes, limit %d", len(id), maxIDLen)
+		return owned.Reject(owned.ReasonBadRequestID, "request_id is %d bytes, limit %d", len(id), maxIDLen)
 	}
 	for i := 0; i < len(id); i++ {
 		c := id[i]
 		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
 			c == '.' || c == '_' || c == ':' || c == '/' || c == '-'
 		if !ok {
-			return reject(ReasonBadRequestID, "request_id has character %q at %d (allowed: A-Z a-z 0-9 . _ : / -)", c, i)
+			return owned.Reject(owned.ReasonBadRequestID, "request_id has character %q at %d (allowed: A-Z a-z 0-9 . _ : / -)", c, i)
 		}
 	}
 	return nil
 }
 
-// trimBadInput drops the "bad input: " prefix job.BadInput adds.
-func trimBadInput(err error) string {
-	s := err.Error()
-	const p = "bad input: "
-	if len(s) > len(p) && s[:len(p)] == p {
-		return s[len(p):]
+// checkRequester accepts up to 128 bytes of printable characters.
+func checkRequester(by string) error {
+	if len(by) > maxIDLen {
+		return owned.Reject(owned.ReasonBadRequester, "requested_by is %d bytes, limit %d", len(by), maxIDLen)
 	}
-	return s
-}
-
-// clip shortens b for an error message.
-func clip(b []byte) string {
-	if len(b) > 64 {
-		return string(b[:64]) + "..."
+	for _, c := range by {
+		if !unicode.IsPrint(c) {
+			return owned.Reject(owned.ReasonBadRequester, "requested_by has unprintable character %q", c)
+		}
 	}
-	return string(b)
+	return nil
 }

@@ -4,14 +4,23 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/telco-platform/coordinator/internal/billrun"
 	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/owned"
+	"github.com/telco-platform/coordinator/internal/owned/ownedtest"
 	"github.com/telco-platform/coordinator/internal/trigger"
 )
 
-func TestDecodeBillRun(t *testing.T) {
+var (
+	nov   = billrun.Period{Year: 2026, Month: time.November}
+	bills = billrun.New(billrun.Config{})
+)
+
+func TestDecodeRecord(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
 		name, key, value string
@@ -19,39 +28,39 @@ func TestDecodeBillRun(t *testing.T) {
 		reason           string
 	}{
 		{name: "full", key: "2026-11", value: `{"period":"2026-11","request_id":"r-1","requested_by":"ops"}`,
-			want: trigger.Request{Period: "2026-11", RequestID: "r-1", RequestedBy: "ops"}},
-		{name: "no key", value: `{"period":"2026-11"}`, want: trigger.Request{Period: "2026-11"}},
-		{name: "unknown fields ignored", value: ` {"period":"2026-11","priority":3} `, want: trigger.Request{Period: "2026-11"}},
-		{name: "not json", value: `period=2026-11`, reason: trigger.ReasonMalformedJSON},
-		{name: "truncated", value: `{"period":"2026-11"`, reason: trigger.ReasonMalformedJSON},
-		{name: "array", value: `["2026-11"]`, reason: trigger.ReasonMalformedJSON},
-		{name: "empty", value: ``, reason: trigger.ReasonMalformedJSON},
-		{name: "null", value: `null`, reason: trigger.ReasonMalformedJSON},
-		{name: "trailing", value: `{"period":"2026-11"}{}`, reason: trigger.ReasonMalformedJSON},
-		{name: "wrong type", value: `{"period":202611}`, reason: trigger.ReasonMalformedJSON},
-		{name: "bad utf8", value: "{\"period\":\"2026-11\",\"requested_by\":\"\xff\"}", reason: trigger.ReasonMalformedJSON},
-		{name: "missing period", value: `{"request_id":"x"}`, reason: trigger.ReasonMissingPeriod},
-		{name: "empty period", value: `{"period":""}`, reason: trigger.ReasonMissingPeriod},
-		{name: "month 13", value: `{"period":"2026-13"}`, reason: trigger.ReasonBadPeriod},
-		{name: "year 1999", value: `{"period":"1999-12"}`, reason: trigger.ReasonBadPeriod},
-		{name: "format", value: `{"period":"2026/11"}`, reason: trigger.ReasonBadPeriod},
-		{name: "key mismatch", key: "2026-10", value: `{"period":"2026-11"}`, reason: trigger.ReasonKeyMismatch},
-		{name: "empty request id", value: `{"period":"2026-11","request_id":""}`, reason: trigger.ReasonBadRequestID},
-		{name: "request id spaces", value: `{"period":"2026-11","request_id":"a b"}`, reason: trigger.ReasonBadRequestID},
-		{name: "request id long", value: `{"period":"2026-11","request_id":"` + strings.Repeat("a", 129) + `"}`, reason: trigger.ReasonBadRequestID},
-		{name: "requester control char", value: `{"period":"2026-11","requested_by":"a\u0007"}`, reason: trigger.ReasonBadRequester},
-		{name: "too large", value: `{"period":"2026-11","pad":"` + strings.Repeat("x", 64<<10) + `"}`, reason: trigger.ReasonTooLarge},
+			want: trigger.Request{Params: nov, RequestID: "r-1", RequestedBy: "ops"}},
+		{name: "no key", value: `{"period":"2026-11"}`, want: trigger.Request{Params: nov}},
+		{name: "unknown fields ignored", value: ` {"period":"2026-11","priority":3} `, want: trigger.Request{Params: nov}},
+		{name: "not json", value: `period=2026-11`, reason: owned.ReasonMalformedJSON},
+		{name: "truncated", value: `{"period":"2026-11"`, reason: owned.ReasonMalformedJSON},
+		{name: "array", value: `["2026-11"]`, reason: owned.ReasonMalformedJSON},
+		{name: "empty", value: ``, reason: owned.ReasonMalformedJSON},
+		{name: "null", value: `null`, reason: owned.ReasonMalformedJSON},
+		{name: "trailing", value: `{"period":"2026-11"}{}`, reason: owned.ReasonMalformedJSON},
+		{name: "wrong type", value: `{"period":202611}`, reason: owned.ReasonMalformedJSON},
+		{name: "bad utf8", value: "{\"period\":\"2026-11\",\"requested_by\":\"\xff\"}", reason: owned.ReasonMalformedJSON},
+		{name: "missing period", value: `{"request_id":"x"}`, reason: billrun.ReasonMissingPeriod},
+		{name: "empty period", value: `{"period":""}`, reason: billrun.ReasonMissingPeriod},
+		{name: "month 13", value: `{"period":"2026-13"}`, reason: billrun.ReasonBadPeriod},
+		{name: "year 1999", value: `{"period":"1999-12"}`, reason: billrun.ReasonBadPeriod},
+		{name: "format", value: `{"period":"2026/11"}`, reason: billrun.ReasonBadPeriod},
+		{name: "key mismatch", key: "2026-10", value: `{"period":"2026-11"}`, reason: billrun.ReasonKeyMismatch},
+		{name: "empty request id", value: `{"period":"2026-11","request_id":""}`, reason: owned.ReasonBadRequestID},
+		{name: "request id spaces", value: `{"period":"2026-11","request_id":"a b"}`, reason: owned.ReasonBadRequestID},
+		{name: "request id long", value: `{"period":"2026-11","request_id":"` + strings.Repeat("a", 129) + `"}`, reason: owned.ReasonBadRequestID},
+		{name: "requester control char", value: `{"period":"2026-11","requested_by":"a\u0007"}`, reason: owned.ReasonBadRequester},
+		{name: "too large", value: `{"period":"2026-11","pad":"` + strings.Repeat("x", 64<<10) + `"}`, reason: owned.ReasonTooLarge},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			got, err := trigger.DecodeBillRun([]byte(tc.key), []byte(tc.value), 0)
+			got, err := trigger.DecodeRecord(bills, []byte(tc.key), []byte(tc.value), 0)
 			if tc.reason == "" {
 				require.NoError(t, err)
 				require.Equal(t, tc.want, got)
 				return
 			}
-			var re *trigger.RejectError
+			var re *owned.RejectError
 			require.ErrorAs(t, err, &re)
 			require.Equal(t, tc.reason, re.Reason, re.Detail)
 			require.NotEmpty(t, re.Detail)
@@ -60,20 +69,27 @@ func TestDecodeBillRun(t *testing.T) {
 	}
 }
 
-func TestDecodeReaper(t *testing.T) {
+func TestDecodeRecordEnvelopeOfAnotherKind(t *testing.T) {
 	t.Parallel()
-	got, err := trigger.DecodeReaper([]byte(`{"request_id":"s-1","requested_by":"cron-ops"}`), 0)
+	w := &ownedtest.Widget{}
+	got, err := trigger.DecodeRecord(w, nil, []byte(`{"n":2,"request_id":"s-1","requested_by":"cron-ops","other":1}`), 0)
 	require.NoError(t, err)
-	require.Equal(t, trigger.Request{RequestID: "s-1", RequestedBy: "cron-ops"}, got)
-	got, err = trigger.DecodeReaper([]byte(`{}`), 0)
+	require.Equal(t, trigger.Request{Params: ownedtest.Params{N: 2}, RequestID: "s-1", RequestedBy: "cron-ops"}, got)
+	got, err = trigger.DecodeRecord(w, nil, []byte(`{"n":1,"request_id":null}`), 0)
 	require.NoError(t, err)
-	require.Equal(t, trigger.Request{}, got)
-	_, err = trigger.DecodeReaper([]byte(`sweep please`), 0)
-	require.ErrorIs(t, err, job.ErrBadInput)
-	_, err = trigger.DecodeReaper([]byte(`{"request_id":"s-1"}`), 5)
-	var re *trigger.RejectError
-	require.ErrorAs(t, err, &re)
-	require.Equal(t, trigger.ReasonTooLarge, re.Reason)
+	require.Equal(t, trigger.Request{Params: ownedtest.Params{N: 1}}, got, "null is absent")
+	for value, reason := range map[string]string{
+		`sweep please`:           owned.ReasonMalformedJSON,
+		`{"n":0}`:                "bad_n",
+		`{"n":1,"request_id":7}`: owned.ReasonMalformedJSON,
+		`{"n":"x"}`:              owned.ReasonMalformedJSON,
+	} {
+		_, err = trigger.DecodeRecord(w, nil, []byte(value), 0)
+		require.ErrorIs(t, err, job.ErrBadInput, value)
+		require.Equal(t, reason, owned.RejectionOf(err).Reason, value)
+	}
+	_, err = trigger.DecodeRecord(w, nil, []byte(`{"n":1}`), 5)
+	require.Equal(t, owned.ReasonTooLarge, owned.RejectionOf(err).Reason)
 }
 
 var fuzzSeeds = []struct{ key, value string }{
@@ -95,9 +111,9 @@ var fuzzSeeds = []struct{ key, value string }{
 
 // checkDecoded is what every fuzz input must satisfy: no panic (the fuzzer
 // checks), and either a valid request or a rejection with a reason.
-func checkDecoded(t *testing.T, req trigger.Request, err error, billRun bool) {
+func checkDecoded(t *testing.T, req trigger.Request, err error) {
 	if err != nil {
-		var re *trigger.RejectError
+		var re *owned.RejectError
 		if !errors.As(err, &re) || re.Reason == "" || re.Detail == "" {
 			t.Fatalf("rejection without a reason: %v", err)
 		}
@@ -106,33 +122,23 @@ func checkDecoded(t *testing.T, req trigger.Request, err error, billRun bool) {
 		}
 		return
 	}
-	if billRun && (len(req.Period) != 7 || req.Period < "2000-01" || req.Period > "2999-12") {
-		t.Fatalf("accepted period %q", req.Period)
+	if p, ok := req.Params.(billrun.Period); !ok || !p.Valid() {
+		t.Fatalf("accepted params %#v", req.Params)
 	}
 	if len(req.RequestID) > 128 || len(req.RequestedBy) > 128 {
 		t.Fatalf("accepted oversized ids: %+v", req)
 	}
 }
 
-func FuzzDecodeBillRun(f *testing.F) {
+func FuzzDecodeRecord(f *testing.F) {
 	for _, s := range fuzzSeeds {
 		f.Add([]byte(s.key), []byte(s.value))
 	}
 	f.Fuzz(func(t *testing.T, key, value []byte) {
-		req, err := trigger.DecodeBillRun(key, value, 1024)
-		checkDecoded(t, req, err, true)
-		if err == nil && len(key) > 0 && string(key) != req.Period {
-			t.Fatalf("accepted key %q for period %q", key, req.Period)
+		req, err := trigger.DecodeRecord(bills, key, value, 1024)
+		checkDecoded(t, req, err)
+		if err == nil && len(key) > 0 && string(key) != req.Params.(billrun.Period).String() {
+			t.Fatalf("accepted key %q for period %v", key, req.Params)
 		}
-	})
-}
-
-func FuzzDecodeReaper(f *testing.F) {
-	for _, s := range fuzzSeeds {
-		f.Add([]byte(s.value))
-	}
-	f.Fuzz(func(t *testing.T, value []byte) {
-		req, err := trigger.DecodeReaper(value, 1024)
-		checkDecoded(t, req, err, false)
 	})
 }

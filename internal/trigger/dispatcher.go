@@ -7,9 +7,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/telco-platform/coordinator/internal/billrun"
 	"github.com/telco-platform/coordinator/internal/job"
-	"github.com/telco-platform/coordinator/internal/msisdnreaper"
+	"github.com/telco-platform/coordinator/internal/owned"
 )
 
 // ErrShuttingDown is returned for work offered after Shutdown began. The
@@ -19,35 +18,24 @@ var ErrShuttingDown = errors.New("trigger: dispatcher shutting down")
 
 // DispatcherConfig configures the Dispatcher.
 type DispatcherConfig struct {
-	// BillRuns runs bill runs. Required for BillRun and StartBillRun.
-	BillRuns *billrun.Runner
-	// Sweeper runs reaper sweeps. Required for Sweep.
-	Sweeper *msisdnreaper.Sweeper
+	// Runner is the owned-run template with the replica's kinds. Required.
+	Runner *owned.Runner
 	// Log defaults to discard.
 	Log *slog.Logger
 	// Metrics may be nil.
 	Metrics *Metrics
-	// Replica fills Result.Replica of results the dispatcher makes itself
-	// (refusals during shutdown). Optional.
-	Replica string
-}
-
-// executor is the claimed half of a two-phase bill run (*billrun.Claimed).
-type executor interface {
-	Execute(ctx context.Context) job.Result
 }
 
 // Dispatcher turns triggers from every source (Kafka, cron, HTTP) into owned
-// runs. One per replica. It tracks every run it starts, so Shutdown can let
-// them finish within a bound and then cancel them: a cancelled bill run stops
-// at its next batch boundary, marks itself INTERRUPTED, releases its lock and
-// ends lost, so its trigger is redelivered and resumed elsewhere.
+// runs of any registered kind, through the template. One per replica. It
+// tracks every run it starts, so Shutdown can let them finish within a
+// bound and then cancel them: a cancelled run stops at its next checkpoint,
+// releases its lock and ends lost, so its trigger is redelivered and
+// resumed elsewhere.
 type Dispatcher struct {
-	claim   func(ctx context.Context, p billrun.Period, t job.Trigger) (executor, job.Result)
-	sweep   func(ctx context.Context, t job.Trigger) job.Result
-	log     *slog.Logger
-	m       *Metrics
-	replica string
+	runner *owned.Runner
+	log    *slog.Logger
+	m      *Metrics
 
 	runCtx     context.Context // cancelled when Shutdown's bound expires
 	cancelRuns context.CancelFunc
@@ -60,30 +48,19 @@ type Dispatcher struct {
 
 // NewDispatcher builds the replica's dispatcher.
 func NewDispatcher(cfg DispatcherConfig) *Dispatcher {
-	d := newDispatcher(cfg.Log, cfg.Metrics)
-	d.replica = cfg.Replica
-	if r := cfg.BillRuns; r != nil {
-		d.claim = func(ctx context.Context, p billrun.Period, t job.Trigger) (executor, job.Result) {
-			c, res := r.Claim(ctx, p, t)
-			if c == nil {
-				return nil, res
-			}
-			return c, res
-		}
+	if cfg.Runner == nil {
+		panic("trigger: DispatcherConfig.Runner is required")
 	}
-	if s := cfg.Sweeper; s != nil {
-		d.sweep = s.Sweep
-	}
-	return d
-}
-
-func newDispatcher(log *slog.Logger, m *Metrics) *Dispatcher {
+	log := cfg.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Dispatcher{log: log, m: m, runCtx: ctx, cancelRuns: cancel}
+	return &Dispatcher{runner: cfg.Runner, log: log, m: cfg.Metrics, runCtx: ctx, cancelRuns: cancel}
 }
+
+// Kinds are the kinds the dispatcher runs.
+func (d *Dispatcher) Kinds() *owned.Registry { return d.runner.Registry() }
 
 // begin registers one run; false once Shutdown began.
 func (d *Dispatcher) begin() bool {
@@ -109,60 +86,40 @@ func (d *Dispatcher) runContext(ctx context.Context) (context.Context, context.C
 	return ctx, func() { stop(); cancel() }
 }
 
-func (d *Dispatcher) billRunResult(period string, t job.Trigger, o job.Outcome, msg string) job.Result {
-	key := billrun.JobName + ":" + period
-	if p, err := billrun.ParsePeriod(period); err == nil {
-		key = billrun.LockKey(p)
-	}
-	return job.Result{Job: billrun.JobName, Key: key, Outcome: o, Replica: d.replica, RequestID: t.RequestID, Error: msg}
+// refused is the Result of work offered during shutdown.
+func (d *Dispatcher) refused(k owned.Kind, p owned.Params, t job.Trigger) job.Result {
+	return job.Result{Job: k.Spec().Name, Key: k.LockKey(p), Outcome: job.OutcomeUnavailable, Replica: d.runner.Replica(),
+		RequestID: t.RequestID, Error: ErrShuttingDown.Error()}
 }
 
-// BillRun validates the period (a bad one returns an error wrapping
-// job.ErrBadInput, and nothing runs) and runs the bill run to its end under
-// ctx. The Kafka consumer and cron use it.
-func (d *Dispatcher) BillRun(ctx context.Context, period string, t job.Trigger) (job.Result, error) {
-	p, err := billrun.ParsePeriod(period)
-	if err != nil {
-		return d.billRunResult(period, t, job.OutcomeFailed, err.Error()), err
-	}
-	if d.claim == nil {
-		return d.billRunResult(period, t, job.OutcomeFailed, "no bill-run runner configured"), errors.New("trigger: dispatcher has no bill-run runner")
-	}
+// Run runs one owned run of k to its end under ctx (the Kafka consumer,
+// cron, synchronous HTTP). The error is ErrShuttingDown, or nil.
+func (d *Dispatcher) Run(ctx context.Context, k owned.Kind, p owned.Params, t job.Trigger) (job.Result, error) {
 	if !d.begin() {
-		return d.billRunResult(period, t, job.OutcomeUnavailable, ErrShuttingDown.Error()), ErrShuttingDown
+		return d.refused(k, p, t), ErrShuttingDown
 	}
 	defer d.end()
 	ctx, cancel := d.runContext(ctx)
 	defer cancel()
-	c, res := d.claim(ctx, p, t)
-	if c != nil {
-		res = c.Execute(ctx)
-	}
+	res := d.runner.Run(ctx, k, p, t)
 	d.finished(t, res)
 	return res, nil
 }
 
-// StartBillRun claims synchronously under ctx. When the claim succeeds it
-// runs Execute in a background goroutine the Dispatcher tracks (detached from
-// ctx, so an HTTP request ending does not stop the run) and returns
-// started=true with the claim's Result (owner, fence, no outcome yet).
+// Start takes the lock (and the claim) synchronously under ctx. When the
+// run is owned it goes on in a background goroutine the Dispatcher tracks
+// (detached from ctx, so an HTTP request ending does not stop it) and Start
+// returns started=true with the owner and fence and no outcome yet.
 // Otherwise it returns the final Result (already_owned, unavailable,
 // already_completed, failed) and started=false.
-func (d *Dispatcher) StartBillRun(ctx context.Context, period string, t job.Trigger) (job.Result, bool, error) {
-	p, err := billrun.ParsePeriod(period)
-	if err != nil {
-		return d.billRunResult(period, t, job.OutcomeFailed, err.Error()), false, err
-	}
-	if d.claim == nil {
-		return d.billRunResult(period, t, job.OutcomeFailed, "no bill-run runner configured"), false, errors.New("trigger: dispatcher has no bill-run runner")
-	}
+func (d *Dispatcher) Start(ctx context.Context, k owned.Kind, p owned.Params, t job.Trigger) (job.Result, bool, error) {
 	if !d.begin() {
-		return d.billRunResult(period, t, job.OutcomeUnavailable, ErrShuttingDown.Error()), false, ErrShuttingDown
+		return d.refused(k, p, t), false, ErrShuttingDown
 	}
-	claimCtx, cancelClaim := d.runContext(ctx)
-	c, res := d.claim(claimCtx, p, t)
-	cancelClaim()
-	if c == nil {
+	beginCtx, cancelBegin := d.runContext(ctx)
+	o, res := d.runner.Begin(beginCtx, k, p, t)
+	cancelBegin()
+	if o == nil {
 		d.finished(t, res)
 		d.end()
 		return res, false, nil
@@ -171,27 +128,15 @@ func (d *Dispatcher) StartBillRun(ctx context.Context, period string, t job.Trig
 	go func() {
 		defer d.end()
 		defer cancel()
-		d.finished(t, c.Execute(runCtx))
+		d.finished(t, o.Execute(runCtx))
 	}()
 	return res, true, nil
 }
 
-// Sweep runs one reaper sweep to its end.
-func (d *Dispatcher) Sweep(ctx context.Context, t job.Trigger) job.Result {
-	if d.sweep == nil {
-		return job.Result{Job: msisdnreaper.JobName, Key: msisdnreaper.SweepKey, Outcome: job.OutcomeFailed,
-			Replica: d.replica, RequestID: t.RequestID, Error: "no sweeper configured"}
-	}
-	if !d.begin() {
-		return job.Result{Job: msisdnreaper.JobName, Key: msisdnreaper.SweepKey, Outcome: job.OutcomeUnavailable,
-			Replica: d.replica, RequestID: t.RequestID, Error: ErrShuttingDown.Error()}
-	}
-	defer d.end()
-	ctx, cancel := d.runContext(ctx)
-	defer cancel()
-	res := d.sweep(ctx, t)
-	d.finished(t, res)
-	return res
+// Status answers GET HTTPPath/{id} for k (owned.ErrNotFound when k keeps
+// no run state).
+func (d *Dispatcher) Status(ctx context.Context, k owned.Kind, id string) (any, error) {
+	return d.runner.Status(ctx, k, id)
 }
 
 func (d *Dispatcher) finished(t job.Trigger, res job.Result) {
@@ -206,9 +151,8 @@ func (d *Dispatcher) finished(t job.Trigger, res job.Result) {
 }
 
 // Shutdown stops accepting work and waits for the runs in flight. When ctx
-// ends first, it cancels them (bill runs end INTERRUPTED/lost and release
-// their locks) and waits for them to return. Safe to call twice; every call
-// waits.
+// ends first, it cancels them (they end lost and release their locks) and
+// waits for them to return. Safe to call twice; every call waits.
 func (d *Dispatcher) Shutdown(ctx context.Context) {
 	d.shutOnce.Do(func() {
 		d.mu.Lock()
@@ -228,4 +172,29 @@ func (d *Dispatcher) Shutdown(ctx context.Context) {
 	d.log.Warn("dispatcher_shutdown_cancelling_runs", "reason", context.Cause(ctx))
 	d.cancelRuns()
 	<-done
+}
+
+// CronJobs are the schedules of every kind whose Worker is an
+// owned.Scheduler with a spec. A tick's work runs detached from the cron's
+// own cancellation: shutdown gives it the dispatcher's bound
+// (COORDINATOR_SHUTDOWN_TIMEOUT) to finish.
+func (d *Dispatcher) CronJobs() []CronJob {
+	var jobs []CronJob
+	for _, k := range d.Kinds().Kinds() {
+		s, ok := d.runner.Worker(k.Spec().Name).(owned.Scheduler)
+		if !ok || s.Schedule() == "" {
+			continue
+		}
+		spec := s.Schedule()
+		loc := ScheduleLocation(spec)
+		jobs = append(jobs, CronJob{Name: k.Spec().Name, Spec: spec, Run: func(ctx context.Context, t job.Trigger) {
+			p, err := s.Tick(time.Now().In(loc))
+			if err != nil {
+				d.log.Error("cron_tick_failed", "job", k.Spec().Name, "request_id", t.RequestID, "error", err)
+				return
+			}
+			_, _ = d.Run(context.WithoutCancel(ctx), k, p, t)
+		}})
+	}
+	return jobs
 }

@@ -1,28 +1,29 @@
-// Package trigger turns Kafka records, cron ticks, HTTP calls and CLI runs
-// into owned job runs through one dispatcher. It knows nothing of SQL: jobs
-// (billrun, msisdnreaper) own their storage and their locks.
+// Package trigger turns Kafka records and cron ticks (and, through httpapi,
+// HTTP calls) into owned runs of any registered kind through one
+// dispatcher and the owned-run template. It names no kind and knows nothing
+// of SQL: kinds own their parameters, their storage and their work.
 //
-//	Kafka record --decode--> KafkaConsumer --Handler--> Dispatcher --> billrun.Runner / msisdnreaper.Sweeper
-//	cron tick  -----------------------------------------^      ^
-//	HTTP call (httpapi) ----------------------------------------'
+//	Kafka record --DecodeRecord--> KafkaConsumer --Handler--> Dispatcher --> owned.Runner --> the kind's Worker
+//	cron tick (a kind's Scheduler) ---------------------------^      ^
+//	HTTP call (httpapi) ----------------------------------------------'
 //
 // # Kafka triggers
 //
-// KafkaConsumer reads billing.billrun.requested and
-// subscription.msisdn-reaper.requested in the consumer group (default
-// "coordinator") with auto-commit off. Each partition has one worker that
-// handles its records in order; an offset is committed only after its
-// record is handled. Handled means the job outcome says so
-// (job.Outcome.Handled: completed, already_completed, already_owned, failed)
-// or the record was rejected to the DLQ.
+// KafkaConsumer reads every kind's trigger topic (owned.Spec.Topic, under
+// the deployment's prefix) in the consumer group (default "coordinator")
+// with auto-commit off. Each partition has one worker that handles its
+// records in order; an offset is committed only after its record is
+// handled. Handled means the outcome says so (job.Outcome.Handled:
+// completed, already_completed, already_owned, failed) or the record was
+// rejected to the DLQ.
 //
-// Decoding (DecodeBillRun, DecodeReaper) rejects, with a reason: values over
-// MaxRecordBytes (too_large), anything that is not one JSON object
-// (malformed_json), a missing or invalid period (missing_period,
-// bad_period), a record key naming another period than the value
-// (key_mismatch), and request ids or requesters that would not print cleanly.
-// A missing request_id is derived from the record: kafka-TOPIC-PARTITION-OFFSET,
-// the same on every redelivery.
+// DecodeRecord checks what every trigger shares and rejects, with a
+// reason: values over MaxRecordBytes (too_large), anything that is not one
+// JSON object (malformed_json), request ids or requesters that would not
+// print cleanly (bad_request_id, bad_requested_by). The kind's Decode reads
+// the rest and rejects with reasons of its own (billrun: missing_period,
+// bad_period, key_mismatch). A missing request_id is derived from the
+// record: kafka-TOPIC-PARTITION-OFFSET, the same on every redelivery.
 //
 // # What happens on failure
 //
@@ -46,12 +47,12 @@
 //     partition owner sees it again and answers already_owned or
 //     already_completed.
 //   - Shutdown: KafkaConsumer.Stop stops fetching, waits up to DrainTimeout
-//     for records in flight, then cancels them (a bill run then ends
-//     INTERRUPTED/lost and is not committed), and leaves the group.
-//     Dispatcher.Shutdown refuses new work (ErrShuttingDown, outcome
-//     unavailable: not committed, HTTP 503), waits for runs in flight within
-//     its ctx, then cancels them and waits for them to release. Run both at
-//     once, with the same bound.
+//     for records in flight, then cancels them (a run then ends lost and is
+//     not committed), and leaves the group. Dispatcher.Shutdown refuses new
+//     work (ErrShuttingDown, outcome unavailable: not committed, HTTP 503),
+//     waits for runs in flight within its ctx, then cancels them and waits
+//     for them to release. The replica stops the consumer first, then the
+//     dispatcher, under one bound.
 //
 // The poll loop never waits for a worker: once records wait behind a busy
 // worker its partition is paused, so heartbeats and the other partitions go

@@ -1,6 +1,7 @@
 package trigger
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,17 +12,17 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/telco-platform/coordinator/internal/billrun"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
-	"github.com/telco-platform/coordinator/internal/msisdnreaper"
+	"github.com/telco-platform/coordinator/internal/owned"
 	"github.com/telco-platform/coordinator/internal/topics"
 )
 
-// Handler runs decoded triggers; *Dispatcher is the production one.
+// Handler runs decoded triggers; *Dispatcher is the production one. An
+// error means the trigger was not taken (the dispatcher is shutting down):
+// it is retried, not committed.
 type Handler interface {
-	BillRun(ctx context.Context, period string, t job.Trigger) (job.Result, error)
-	Sweep(ctx context.Context, t job.Trigger) job.Result
+	Run(ctx context.Context, k owned.Kind, p owned.Params, t job.Trigger) (job.Result, error)
 }
 
 // KafkaConfig configures the trigger consumer.
@@ -30,7 +31,11 @@ type KafkaConfig struct {
 	Brokers []string
 	// Group is the consumer group. Default "coordinator".
 	Group string
-	// Topics names the trigger topics and the DLQ. Default topics.New("").
+	// Kinds are the kinds whose trigger topics are consumed: each kind's
+	// Spec().Topic, under the deployment's prefix. Required.
+	Kinds *owned.Registry
+	// Topics applies the deployment's prefix and names the DLQ. Default
+	// topics.New("").
 	Topics topics.Names
 	// Replica is this replica's id (client id, event replica). Required.
 	Replica string
@@ -57,7 +62,7 @@ func (c KafkaConfig) withDefaults() KafkaConfig {
 	if c.Group == "" {
 		c.Group = "coordinator"
 	}
-	if c.Topics == (topics.Names{}) {
+	if c.Topics.IsZero() {
 		c.Topics = topics.New("")
 	}
 	if c.MaxRecordBytes <= 0 {
@@ -88,6 +93,8 @@ func (c KafkaConfig) validate() error {
 		return errors.New("trigger: KafkaConfig.Brokers is empty")
 	case c.Replica == "":
 		return errors.New("trigger: KafkaConfig.Replica is empty")
+	case c.Kinds == nil || len(c.Kinds.Topics()) == 0:
+		return errors.New("trigger: KafkaConfig.Kinds has no kind with a trigger topic")
 	}
 	return nil
 }
@@ -122,6 +129,10 @@ type KafkaConsumer struct {
 	log  *slog.Logger
 	m    *Metrics
 	cl   *kgo.Client
+
+	// byTopic maps each consumed (prefixed) topic to its kind.
+	byTopic map[string]owned.Kind
+	topics  []string
 
 	// handleCtx is the context of every Handler call: not the Start ctx
 	// (a shutdown signal must not abort an owned run midway), cancelled by
@@ -160,7 +171,15 @@ func NewKafkaConsumer(cfg KafkaConfig, h Handler, emit events.Emitter, log *slog
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	c := &KafkaConsumer{cfg: cfg, h: h, emit: emit, log: log, m: m, workers: map[tp]*partWorker{}, pollDone: make(chan struct{})}
+	c := &KafkaConsumer{cfg: cfg, h: h, emit: emit, log: log, m: m, workers: map[tp]*partWorker{}, pollDone: make(chan struct{}),
+		byTopic: map[string]owned.Kind{}}
+	for _, k := range cfg.Kinds.Kinds() {
+		if t := k.Spec().Topic; t != "" {
+			name := cfg.Topics.Topic(t)
+			c.byTopic[name] = k
+			c.topics = append(c.topics, name)
+		}
+	}
 	c.handleCtx, c.cancelHandle = context.WithCancel(context.Background())
 	c.pollCtx, c.cancelPoll = context.WithCancel(context.Background())
 	return c, nil
@@ -177,7 +196,7 @@ func (c *KafkaConsumer) Start(ctx context.Context) error {
 			kgo.SeedBrokers(c.cfg.Brokers...),
 			kgo.ClientID("coordinator-" + c.cfg.Replica),
 			kgo.ConsumerGroup(c.cfg.Group),
-			kgo.ConsumeTopics(c.cfg.Topics.Triggers()...),
+			kgo.ConsumeTopics(c.topics...),
 			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 			kgo.DisableAutoCommit(),
 			kgo.FetchMaxWait(c.cfg.FetchMaxWait),
@@ -200,7 +219,7 @@ func (c *KafkaConsumer) Start(ctx context.Context) error {
 			defer stop()
 			c.poll()
 		}()
-		c.log.Info("trigger_consumer_started", "group", c.cfg.Group, "topics", c.cfg.Topics.Triggers(), "dlq", c.cfg.Topics.DLQ)
+		c.log.Info("trigger_consumer_started", "group", c.cfg.Group, "topics", c.topics, "dlq", c.cfg.Topics.DLQ)
 	})
 	return err
 }
@@ -515,45 +534,36 @@ func (w *partWorker) commit(rec *kgo.Record) {
 // process handles one record; it reports whether the record is handled
 // (and may be committed).
 func (c *KafkaConsumer) process(rec *kgo.Record) bool {
-	names := c.cfg.Topics
-	derivedID := fmt.Sprintf("kafka-%s-%d-%d", rec.Topic, rec.Partition, rec.Offset)
-	switch rec.Topic {
-	case names.BillrunRequested:
-		req, err := DecodeBillRun(rec.Key, rec.Value, c.cfg.MaxRecordBytes)
-		if err != nil {
-			return c.reject(rec, billrun.JobName, err)
-		}
-		t := job.Trigger{Source: job.SourceKafka, RequestID: cmpOr(req.RequestID, derivedID), RequestedBy: req.RequestedBy}
-		res, err := c.h.BillRun(c.handleCtx, req.Period, t)
-		if err != nil && errors.Is(err, job.ErrBadInput) {
-			return c.reject(rec, billrun.JobName, &RejectError{Reason: ReasonBadPeriod, Detail: trimBadInput(err)})
-		}
-		if err != nil {
-			c.log.Warn("trigger_handler_error", "topic", rec.Topic, "offset", rec.Offset, "request_id", t.RequestID, "err", err)
-			return false
-		}
-		return res.Outcome.Handled()
-	case names.ReaperRequested:
-		req, err := DecodeReaper(rec.Value, c.cfg.MaxRecordBytes)
-		if err != nil {
-			return c.reject(rec, msisdnreaper.JobName, err)
-		}
-		t := job.Trigger{Source: job.SourceKafka, RequestID: cmpOr(req.RequestID, derivedID), RequestedBy: req.RequestedBy}
-		return c.h.Sweep(c.handleCtx, t).Outcome.Handled()
-	default:
-		return c.reject(rec, "", &RejectError{Reason: ReasonUnknownTopic, Detail: "record from topic " + rec.Topic})
+	k, ok := c.byTopic[rec.Topic]
+	if !ok {
+		return c.reject(rec, nil, owned.Reject(owned.ReasonUnknownTopic, "record from topic %s", rec.Topic))
 	}
+	req, err := DecodeRecord(k, rec.Key, rec.Value, c.cfg.MaxRecordBytes)
+	if err != nil {
+		return c.reject(rec, k, err)
+	}
+	t := job.Trigger{Source: job.SourceKafka, RequestID: cmp.Or(req.RequestID, derivedID(rec)), RequestedBy: req.RequestedBy}
+	res, err := c.h.Run(c.handleCtx, k, req.Params, t)
+	if err != nil {
+		c.log.Warn("trigger_handler_error", "topic", rec.Topic, "offset", rec.Offset, "request_id", t.RequestID, "err", err)
+		return false
+	}
+	return res.Outcome.Handled()
+}
+
+// derivedID is the request id of a record that has none: the same on every
+// redelivery.
+func derivedID(rec *kgo.Record) string {
+	return fmt.Sprintf("kafka-%s-%d-%d", rec.Topic, rec.Partition, rec.Offset)
 }
 
 // reject copies rec to the DLQ (original key, value and headers plus
 // reason, source-topic, source-partition, source-offset) and emits
-// trigger.rejected. It reports false when the DLQ could not be written, so
-// the record is retried, not lost.
-func (c *KafkaConsumer) reject(rec *kgo.Record, jobName string, err error) bool {
-	var re *RejectError
-	if !errors.As(err, &re) {
-		re = &RejectError{Reason: ReasonMalformedJSON, Detail: err.Error()}
-	}
+// trigger.rejected: its subject is the lock key when the record's key names
+// one (owned.RecordKeyed), else the kind's name. It reports false when the
+// DLQ could not be written, so the record is retried, not lost.
+func (c *KafkaConsumer) reject(rec *kgo.Record, k owned.Kind, err error) bool {
+	re := owned.RejectionOf(err)
 	headers := make([]kgo.RecordHeader, 0, len(rec.Headers)+5)
 	headers = append(headers, rec.Headers...)
 	headers = append(headers,
@@ -571,20 +581,18 @@ func (c *KafkaConsumer) reject(rec *kgo.Record, jobName string, err error) bool 
 		return false
 	}
 	c.m.reject(rec.Topic, re.Reason)
-	key := jobName
-	switch jobName {
-	case billrun.JobName:
-		if p, err := billrun.ParsePeriod(string(rec.Key)); err == nil {
-			key = billrun.LockKey(p)
+	jobName, key := "", "trigger:"+rec.Topic
+	if k != nil {
+		jobName, key = k.Spec().Name, k.Spec().Name
+		if rk, ok := k.(owned.RecordKeyed); ok {
+			if lk, ok := rk.LockKeyOfRecord(rec.Key); ok {
+				key = lk
+			}
 		}
-	case msisdnreaper.JobName:
-		key = msisdnreaper.SweepKey
-	default:
-		key = "trigger:" + rec.Topic
 	}
 	c.emit.Emit(c.handleCtx, events.Event{
 		Type: events.TriggerRejected, Key: key, Job: jobName, Replica: c.cfg.Replica, Trigger: string(job.SourceKafka),
-		RequestID: fmt.Sprintf("kafka-%s-%d-%d", rec.Topic, rec.Partition, rec.Offset),
+		RequestID: derivedID(rec),
 		Extra: map[string]any{"reason": re.Reason, "detail": re.Detail, "topic": rec.Topic,
 			"partition": rec.Partition, "offset": rec.Offset, "dlq_topic": c.cfg.Topics.DLQ},
 	})
@@ -600,11 +608,4 @@ func backoff(minD, maxD time.Duration, attempt int) time.Duration {
 		d *= 2
 	}
 	return min(d, maxD)
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }

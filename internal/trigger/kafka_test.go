@@ -12,8 +12,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/telco-platform/coordinator/internal/billrun"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/owned"
+	"github.com/telco-platform/coordinator/internal/owned/ownedtest"
 	"github.com/telco-platform/coordinator/internal/testenv"
 	"github.com/telco-platform/coordinator/internal/topics"
 	"github.com/telco-platform/coordinator/internal/trigger"
@@ -22,7 +25,8 @@ import (
 // call is one Handler invocation the fake saw.
 type call struct {
 	job    string
-	period string
+	period string // a bill run's
+	n      int    // a widget's
 	t      job.Trigger
 }
 
@@ -54,7 +58,14 @@ func (f *fakeHandler) record(c call) job.Outcome {
 	return f.outcome(n, c)
 }
 
-func (f *fakeHandler) BillRun(ctx context.Context, period string, t job.Trigger) (job.Result, error) {
+func (f *fakeHandler) Run(ctx context.Context, k owned.Kind, p owned.Params, t job.Trigger) (job.Result, error) {
+	c := call{job: k.Spec().Name, t: t}
+	switch v := p.(type) {
+	case billrun.Period:
+		c.period = v.String()
+	case ownedtest.Params:
+		c.n = v.N
+	}
 	if f.block != nil {
 		f.entered <- struct{}{}
 		select {
@@ -63,15 +74,11 @@ func (f *fakeHandler) BillRun(ctx context.Context, period string, t job.Trigger)
 			f.mu.Lock()
 			f.ctxErrs = append(f.ctxErrs, ctx.Err())
 			f.mu.Unlock()
-			f.record(call{job: "billrun", period: period, t: t})
+			f.record(c)
 			return job.Result{Outcome: job.OutcomeLost}, nil
 		}
 	}
-	return job.Result{Job: "billrun", Outcome: f.record(call{job: "billrun", period: period, t: t})}, nil
-}
-
-func (f *fakeHandler) Sweep(_ context.Context, t job.Trigger) job.Result {
-	return job.Result{Job: "msisdn-reaper", Outcome: f.record(call{job: "msisdn-reaper", t: t})}
+	return job.Result{Job: c.job, Outcome: f.record(c)}, nil
 }
 
 func (f *fakeHandler) Calls() []call {
@@ -99,16 +106,21 @@ func (f *fakeHandler) waitCalls(t *testing.T, n int) []call {
 type kafkaBundle struct {
 	brokers []string
 	names   topics.Names
-	group   string
-	adm     *kadm.Client
-	prod    *kgo.Client
-	rec     *events.Recorder
+	kinds   *owned.Registry
+	// bills and widgets are the two trigger topics.
+	bills, widgets string
+	group          string
+	adm            *kadm.Client
+	prod           *kgo.Client
+	rec            *events.Recorder
 }
 
 func setupKafka(t *testing.T) *kafkaBundle {
 	t.Helper()
 	k := testenv.Kafka(t)
-	b := &kafkaBundle{brokers: k.Brokers, names: topics.New(k.Suffix), group: "g-" + k.Suffix, rec: &events.Recorder{}}
+	b := &kafkaBundle{brokers: k.Brokers, group: "g-" + k.Suffix, rec: &events.Recorder{}, kinds: registry(t, &ownedtest.Widget{})}
+	b.names = topics.New(k.Suffix, b.kinds.Topics()...)
+	b.bills, b.widgets = b.names.Topic(billrun.Topic), b.names.Topic(widgetTopic)
 	var err error
 	b.adm, err = topics.Dial(k.Brokers)
 	require.NoError(t, err)
@@ -130,7 +142,7 @@ func setupKafka(t *testing.T) *kafkaBundle {
 
 func (b *kafkaBundle) consumer(t *testing.T, h trigger.Handler, mod func(*trigger.KafkaConfig)) *trigger.KafkaConsumer {
 	t.Helper()
-	cfg := trigger.KafkaConfig{Brokers: b.brokers, Group: b.group, Topics: b.names, Replica: "r1",
+	cfg := trigger.KafkaConfig{Brokers: b.brokers, Group: b.group, Kinds: b.kinds, Topics: b.names, Replica: "r1",
 		RetryBackoffMin: 20 * time.Millisecond, RetryBackoffMax: 100 * time.Millisecond, FetchMaxWait: 100 * time.Millisecond}
 	if mod != nil {
 		mod(&cfg)
@@ -210,10 +222,10 @@ func TestHandledTriggersAreCommittedBadOnesGoToDLQAndTheNextIsProcessed(t *testi
 	b.consumer(t, h, nil)
 
 	orig := kgo.RecordHeader{Key: "traceparent", Value: []byte("00-abc-01")}
-	first := b.produce(t, b.names.BillrunRequested, "2026-11", `{"period":"2026-11","request_id":"req-1","requested_by":"ops"}`)
-	bad := b.produce(t, b.names.BillrunRequested, "2026-11", `{"period":"2026-11"`, orig)
-	badPeriod := b.produce(t, b.names.BillrunRequested, "2026-11", `{"period":"2026-13"}`)
-	next := b.produce(t, b.names.BillrunRequested, "2026-11", `{"period":"2026-11"}`)
+	first := b.produce(t, b.bills, "2026-11", `{"period":"2026-11","request_id":"req-1","requested_by":"ops"}`)
+	bad := b.produce(t, b.bills, "2026-11", `{"period":"2026-11"`, orig)
+	badPeriod := b.produce(t, b.bills, "2026-11", `{"period":"2026-13"}`)
+	next := b.produce(t, b.bills, "2026-11", `{"period":"2026-11"}`)
 	require.Equal(t, first.Partition, next.Partition, "one key, one partition")
 
 	calls := h.waitCalls(t, 2)
@@ -228,7 +240,7 @@ func TestHandledTriggersAreCommittedBadOnesGoToDLQAndTheNextIsProcessed(t *testi
 	require.Equal(t, []byte("2026-11"), dlq[0].Key)
 	require.Equal(t, "malformed_json", header(dlq[0], "reason"))
 	require.Equal(t, "00-abc-01", header(dlq[0], "traceparent"), "original headers kept")
-	require.Equal(t, b.names.BillrunRequested, header(dlq[0], "source-topic"))
+	require.Equal(t, b.bills, header(dlq[0], "source-topic"))
 	require.Equal(t, fmt.Sprint(bad.Partition), header(dlq[0], "source-partition"))
 	require.Equal(t, fmt.Sprint(bad.Offset), header(dlq[0], "source-offset"))
 	require.Equal(t, "bad_period", header(dlq[1], "reason"))
@@ -257,8 +269,8 @@ func TestUnavailableIsNotCommittedAndRetriedInOrder(t *testing.T) {
 	})
 	b.consumer(t, h, nil)
 
-	first := b.produce(t, b.names.BillrunRequested, "2026-01", `{"period":"2026-01","request_id":"a"}`)
-	second := b.produce(t, b.names.BillrunRequested, "2026-01", `{"period":"2026-01","request_id":"b"}`)
+	first := b.produce(t, b.bills, "2026-01", `{"period":"2026-01","request_id":"a"}`)
+	second := b.produce(t, b.bills, "2026-01", `{"period":"2026-01","request_id":"b"}`)
 
 	calls := h.waitCalls(t, 4)
 	for _, c := range calls {
@@ -273,17 +285,18 @@ func TestUnavailableIsNotCommittedAndRetriedInOrder(t *testing.T) {
 	require.Empty(t, b.rec.OfType(events.TriggerRejected))
 }
 
-func TestReaperTriggersAndOversizedRecords(t *testing.T) {
+func TestSecondKindsTopicAndOversizedRecords(t *testing.T) {
 	t.Parallel()
 	b := setupKafka(t)
 	h := newFake(nil)
 	b.consumer(t, h, func(c *trigger.KafkaConfig) { c.MaxRecordBytes = 100 })
 
-	big := b.produce(t, b.names.ReaperRequested, "", `{"request_id":"big","requested_by":"`+strings.Repeat("x", 200)+`"}`)
-	ok := b.produce(t, b.names.ReaperRequested, "", `{"request_id":"sweep-1"}`)
+	big := b.produce(t, b.widgets, "", `{"n":1,"request_id":"big","requested_by":"`+strings.Repeat("x", 200)+`"}`)
+	ok := b.produce(t, b.widgets, "", `{"n":2,"request_id":"sweep-1"}`)
 
 	calls := h.waitCalls(t, 1)
-	require.Equal(t, "msisdn-reaper", calls[0].job)
+	require.Equal(t, "widget", calls[0].job)
+	require.Equal(t, 2, calls[0].n)
 	require.Equal(t, "sweep-1", calls[0].t.RequestID)
 	dlq := b.readDLQ(t, 1)
 	require.Equal(t, "too_large", header(dlq[0], "reason"))
@@ -296,7 +309,7 @@ func TestReaperTriggersAndOversizedRecords(t *testing.T) {
 	}
 	rejected := b.rec.OfType(events.TriggerRejected)
 	require.Len(t, rejected, 1)
-	require.Equal(t, "msisdn-reaper:sweep", rejected[0].Key)
+	require.Equal(t, "widget", rejected[0].Key, "a record whose key names no lock key: the kind's name")
 }
 
 func TestStopCancelsInFlightAfterDrainTimeoutWithoutCommitting(t *testing.T) {
@@ -307,7 +320,7 @@ func TestStopCancelsInFlightAfterDrainTimeoutWithoutCommitting(t *testing.T) {
 	h.entered = make(chan struct{}, 1)
 	c := b.consumer(t, h, func(c *trigger.KafkaConfig) { c.DrainTimeout = 300 * time.Millisecond })
 
-	r := b.produce(t, b.names.BillrunRequested, "2026-02", `{"period":"2026-02"}`)
+	r := b.produce(t, b.bills, "2026-02", `{"period":"2026-02"}`)
 	select {
 	case <-h.entered:
 	case <-time.After(30 * time.Second):
@@ -330,11 +343,14 @@ func hasPartition(lag map[string]int64, r *kgo.Record) bool {
 
 func TestConsumerConfigErrors(t *testing.T) {
 	t.Parallel()
-	_, err := trigger.NewKafkaConsumer(trigger.KafkaConfig{Replica: "r"}, newFake(nil), nil, nil, nil)
+	kinds := registry(t, &ownedtest.Widget{})
+	_, err := trigger.NewKafkaConsumer(trigger.KafkaConfig{Replica: "r", Kinds: kinds}, newFake(nil), nil, nil, nil)
 	require.ErrorContains(t, err, "Brokers")
-	_, err = trigger.NewKafkaConsumer(trigger.KafkaConfig{Brokers: []string{"127.0.0.1:1"}}, newFake(nil), nil, nil, nil)
+	_, err = trigger.NewKafkaConsumer(trigger.KafkaConfig{Brokers: []string{"127.0.0.1:1"}, Kinds: kinds}, newFake(nil), nil, nil, nil)
 	require.ErrorContains(t, err, "Replica")
-	c, err := trigger.NewKafkaConsumer(trigger.KafkaConfig{Brokers: []string{"127.0.0.1:1"}, Replica: "r"}, newFake(nil), nil, nil, nil)
+	_, err = trigger.NewKafkaConsumer(trigger.KafkaConfig{Brokers: []string{"127.0.0.1:1"}, Replica: "r"}, newFake(nil), nil, nil, nil)
+	require.ErrorContains(t, err, "Kinds")
+	c, err := trigger.NewKafkaConsumer(trigger.KafkaConfig{Brokers: []string{"127.0.0.1:1"}, Replica: "r", Kinds: kinds}, newFake(nil), nil, nil, nil)
 	require.NoError(t, err)
 	c.Stop() // never started: returns at once
 	require.ErrorContains(t, c.Start(context.Background()), "already started", "no Start after Stop")

@@ -9,8 +9,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/telco-platform/coordinator/internal/billrun"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/owned/ownedtest"
 	"github.com/telco-platform/coordinator/internal/testenv"
 	"github.com/telco-platform/coordinator/internal/topics"
 	"github.com/telco-platform/coordinator/internal/trigger"
@@ -22,7 +24,9 @@ import (
 func TestRevokedPartitionDoesNotCancelTheRunAndIsRedelivered(t *testing.T) {
 	t.Parallel()
 	k := testenv.Kafka(t)
-	kb := &kafkaBundle{brokers: k.Brokers, names: topics.New(k.Suffix), group: "g-" + k.Suffix}
+	kb := &kafkaBundle{brokers: k.Brokers, group: "g-" + k.Suffix, kinds: registry(t, &ownedtest.Widget{})}
+	kb.names = topics.New(k.Suffix, kb.kinds.Topics()...)
+	kb.bills, kb.widgets = kb.names.Topic(billrun.Topic), kb.names.Topic(widgetTopic)
 	var err error
 	kb.adm, err = topics.Dial(k.Brokers)
 	require.NoError(t, err)
@@ -39,7 +43,7 @@ func TestRevokedPartitionDoesNotCancelTheRunAndIsRedelivered(t *testing.T) {
 	// Only the bill-run topic, with two partitions: a second member must take one.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, err = kb.adm.CreateTopics(ctx, 2, -1, nil, kb.names.BillrunRequested)
+	_, err = kb.adm.CreateTopics(ctx, 2, -1, nil, kb.bills)
 	require.NoError(t, err)
 	_, err = kb.adm.CreateTopics(ctx, 1, -1, nil, kb.names.DLQ)
 	require.NoError(t, err)
@@ -54,7 +58,7 @@ func TestRevokedPartitionDoesNotCancelTheRunAndIsRedelivered(t *testing.T) {
 	var recs []*kgo.Record
 	for _, p := range []int32{0, 1} {
 		period := fmt.Sprintf("2026-%02d", p+1)
-		r := &kgo.Record{Topic: kb.names.BillrunRequested, Partition: p, Key: []byte(period),
+		r := &kgo.Record{Topic: kb.bills, Partition: p, Key: []byte(period),
 			Value: []byte(`{"period":"` + period + `"}`)}
 		recs = append(recs, r)
 	}

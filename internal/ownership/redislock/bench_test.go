@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -77,12 +78,15 @@ func BenchmarkAcquireRelease(b *testing.B) {
 				// them: separates the scripts' cost from the Locker's.
 				scripts := func(key string) error {
 					tok := "s" + strconv.FormatInt(seq.Add(1), 10)
-					keys := []string{l.lockKey(key), l.fenceKey(key)}
-					res, err := acquireScript.Run(ctx, raw, keys, tok, "bench", 30000, "x").Slice()
+					queue, tickets := l.queueKeys(key)
+					res, err := acquireScript.Run(ctx, raw, []string{l.lockKey(key), l.fenceKey(key), queue, tickets},
+						tok, "bench", 30000, "x", 0, queueMS, "0").Slice()
 					if err != nil {
 						return err
 					}
-					return releaseScript.Run(ctx, raw, []string{l.lockKey(key), l.channel(key)}, tok, res[1], "x", handoffMS).Err()
+					fence, _ := res[1].(int64)
+					return releaseScript.Run(ctx, raw, []string{l.lockKey(key), queue, tickets, l.endedKey(key, fence)},
+						tok, fence, endedMS, handoffMS, l.cfg.Prefix, key).Err()
 				}
 				// Warm all (connections, script cache).
 				for w := range g {
@@ -137,19 +141,20 @@ func runPairs(b *testing.B, g, n int, pair func(key string) error) time.Duration
 	return el
 }
 
-// BenchmarkContendedHandoff: 4 workers on one key, each holding it 1ms per
+// BenchmarkContendedHandoff: workers on one key, each holding it 1ms per
 // turn. Reports the wait to acquire (p50/p99/max), the handoff latency (the
-// holder's Release call to the next holder's Acquire return, p50/p99), and
-// the smallest and largest share of turns any worker got (fairness; 0.25
-// each is perfect). lockers=1: the 4 workers share one Locker (one
-// process); lockers=4: one Locker each (four processes on one Redis).
+// holder's Release call to the next holder's Acquire return, p50/p99), the
+// smallest and largest share of turns any worker got, and fairness = the
+// largest over the smallest number of turns (1.0 is perfect). lockers=1:
+// the workers share one Locker (one process); lockers=workers: a Locker
+// (and client) each, as replicas in separate processes.
 func BenchmarkContendedHandoff(b *testing.B) {
-	for _, lockers := range []int{1, 4} {
-		b.Run(fmt.Sprintf("lockers=%d", lockers), func(b *testing.B) {
-			const workers = 4
+	for _, c := range []struct{ lockers, workers int }{{1, 4}, {4, 4}, {32, 32}} {
+		b.Run(fmt.Sprintf("lockers=%d/workers=%d", c.lockers, c.workers), func(b *testing.B) {
+			workers := c.workers
 			const hold = time.Millisecond
 			env := testenv.Redis(b)
-			ls := make([]*Locker, lockers)
+			ls := make([]*Locker, c.lockers)
 			for i := range ls {
 				ls[i], _ = benchLocker(b, env, "w"+strconv.Itoa(i), 30*time.Second)
 			}
@@ -163,7 +168,7 @@ func BenchmarkContendedHandoff(b *testing.B) {
 			errs := make(chan error, workers)
 			b.ResetTimer()
 			for w := range workers {
-				l := ls[w%lockers]
+				l := ls[w%c.lockers]
 				wg.Go(func() {
 					for next.Add(1) <= int64(b.N) {
 						start := time.Now()
@@ -208,6 +213,7 @@ func BenchmarkContendedHandoff(b *testing.B) {
 			lo, hi := slices.Min(turns), slices.Max(turns)
 			b.ReportMetric(float64(lo)/float64(b.N), "min-share")
 			b.ReportMetric(float64(hi)/float64(b.N), "max-share")
+			b.ReportMetric(float64(hi)/float64(max(lo, 1)), "fairness")
 		})
 	}
 }
@@ -281,4 +287,80 @@ func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkServerCost: Redis CPU per uncontended acquire+release pair, read
+// from INFO commandstats (the sum of usec over all commands) on a
+// redis-server of the benchmark's own, for our Locker (explicit and
+// watchdog lease) and for the raw floor (SET NX PX + a Lua compare-and-
+// delete). Machine load does not inflate it the way it inflates pairs/s.
+func BenchmarkServerCost(b *testing.B) {
+	srv := testenv.StartRedisServer(b)
+	env := &testenv.RedisEnv{URL: srv.URL(), Client: srv.Client(b), Prefix: "cost"}
+	l, raw := benchLocker(b, env, "bench", 30*time.Second)
+	ctx := context.Background()
+	del := redis.NewScript(`if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0`)
+	pairs := map[string]func() error{
+		"ours-explicit": func() error {
+			le, err := l.Acquire(ctx, "k", 30*time.Second)
+			if err != nil {
+				return err
+			}
+			return le.Release(ctx)
+		},
+		"ours-watchdog": func() error {
+			le, err := l.Acquire(ctx, "k", 0)
+			if err != nil {
+				return err
+			}
+			return le.Release(ctx)
+		},
+		"floor": func() error {
+			if err := raw.SetNX(ctx, "cost:raw", "t", 30*time.Second).Err(); err != nil {
+				return err
+			}
+			return del.Run(ctx, raw, []string{"cost:raw"}, "t").Err()
+		},
+	}
+	topLevel := map[string][]string{
+		"floor":         {"set", "evalsha", "eval"},
+		"ours-explicit": {"evalsha", "eval"},
+		"ours-watchdog": {"evalsha", "eval"},
+	}
+	for _, name := range []string{"floor", "ours-explicit", "ours-watchdog"} {
+		b.Run(name, func(b *testing.B) {
+			pair := pairs[name]
+			for range 100 { // warm: scripts cached, connections open, server state read
+				if err := pair(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := env.Client.ConfigResetStat(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for range b.N {
+				if err := pair(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			info, err := env.Client.Info(ctx, "commandstats").Result()
+			if err != nil {
+				b.Fatal(err)
+			}
+			var usec float64
+			for _, line := range strings.Split(info, "\n") {
+				for _, cmd := range topLevel[name] {
+					if v, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls="); ok {
+						i := strings.Index(v, "usec=")
+						v = v[i+5:]
+						n, _ := strconv.ParseFloat(v[:strings.IndexByte(v, ',')], 64)
+						usec += n
+					}
+				}
+			}
+			b.ReportMetric(usec/float64(b.N), "server-us/pair")
+		})
+	}
 }

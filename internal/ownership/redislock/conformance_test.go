@@ -103,3 +103,19 @@ func TestConformanceCluster(t *testing.T) {
 	url, prefix, admin := clusterEnv(t)
 	ownershiptest.Run(t, backend(url, redislock.ModeCluster, prefix, admin))
 }
+
+// A key prefix with glob characters must not break SCAN (Locks) or the
+// release notification: it is matched literally.
+func TestConformanceGlobPrefix(t *testing.T) {
+	t.Parallel()
+	env := testenv.Redis(t)
+	prefix := env.Prefix + `:g[1]*?\x`
+	t.Cleanup(func() {
+		ctx := context.Background()
+		iter := env.Client.Scan(ctx, 0, env.Prefix+":g*", 1000).Iterator()
+		for iter.Next(ctx) {
+			env.Client.Del(ctx, iter.Val())
+		}
+	})
+	ownershiptest.Run(t, backend(env.URL, redislock.ModeSingle, prefix, env.Client))
+}

@@ -62,7 +62,7 @@ func TestRedisRestart(t *testing.T) {
 
 	// Both Lockers' subscriptions are back.
 	admin := srv.Client(t)
-	require.Eventually(t, func() bool { return patternSubscribers(t, admin) == 2 }, 5*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return subscribers(t, admin) == 2 }, 5*time.Second, 20*time.Millisecond)
 	got := make(chan error, 1)
 	start := time.Now()
 	go func() {
@@ -98,8 +98,8 @@ func (c *countRenewals) ProcessPipelineHook(next redis.ProcessPipelineHook) redi
 	}
 }
 
-// see counts EVAL/EVALSHA calls with 1 key (the renew script's shape: acquire
-// and release take 2 keys, reentry takes 2 args) on lockKey.
+// see counts EVAL/EVALSHA calls with 1 key and 3 args on lockKey (the renew
+// script's shape: acquire and release take 4 keys, the holds script 4 args).
 func (c *countRenewals) see(cmd redis.Cmder) {
 	args := cmd.Args()
 	if len(args) == 7 && (strings.EqualFold(str(args[0]), "evalsha") || strings.EqualFold(str(args[0]), "eval")) &&
@@ -143,7 +143,8 @@ func TestNoRenewalAfterRelease(t *testing.T) {
 	require.NoError(t, other.Release(ctx))
 }
 
-// One Locker keeps one subscription however many keys it waits on.
+// One Locker keeps one subscription (its wake channel) however many keys it
+// waits on.
 func TestOneSubscriptionPerLocker(t *testing.T) {
 	t.Parallel()
 	srv := startThrowaway(t)
@@ -173,12 +174,12 @@ func TestOneSubscriptionPerLocker(t *testing.T) {
 	// hash is untouched, so count clients instead), then count subscribers.
 	require.Eventually(t, func() bool {
 		n, err := admin.Exists(ctx, "sub:{k0}:lock").Result() // still held: waiters are waiting
-		return err == nil && n == 1 && patternSubscribers(t, admin) == 2
+		return err == nil && n == 1 && subscribers(t, admin) == 2
 	}, 5*time.Second, 10*time.Millisecond)
 	list, err := admin.ClientList(ctx).Result()
 	require.NoError(t, err)
-	require.Equal(t, 2, patternSubscribers(t, admin), "one pattern subscription per Locker, not per lock:\n%s", list)
-	require.Equal(t, 0, strings.Count(list, " sub=1 "), "no channel subscriptions:\n%s", list)
+	require.Equal(t, 2, subscribers(t, admin), "one subscription (its wake channel) per Locker, not per lock:\n%s", list)
+	require.Equal(t, 0, strings.Count(list, " psub=1 "), "no pattern subscriptions:\n%s", list)
 	for _, le := range leases {
 		require.NoError(t, le.Release(ctx))
 	}
@@ -189,13 +190,13 @@ func TestOneSubscriptionPerLocker(t *testing.T) {
 	}
 }
 
-// patternSubscribers counts the connections with a pattern subscription.
-func patternSubscribers(t *testing.T, admin *redis.Client) int {
+// subscribers counts the connections subscribed to exactly one channel.
+func subscribers(t *testing.T, admin *redis.Client) int {
 	list, err := admin.ClientList(context.Background()).Result()
 	if err != nil {
 		return -1
 	}
-	return strings.Count(list, " psub=1 ")
+	return strings.Count(list, " sub=1 ")
 }
 
 func TestParseOptions(t *testing.T) {
@@ -272,4 +273,30 @@ func TestConfigValidation(t *testing.T) {
 	require.ErrorContains(t, err, "Prefix")
 	_, err = redislock.New(c, redislock.Config{Owner: "a", WatchdogTimeout: time.Millisecond})
 	require.ErrorContains(t, err, "WatchdogTimeout")
+}
+
+// A Redis whose eviction policy can evict lock keys (maxmemory set, any
+// policy but noeviction) is refused: Acquire fails closed, naming the
+// setting, because an evicted lock lets a second holder in.
+func TestEvictingRedisIsRefused(t *testing.T) {
+	t.Parallel()
+	for policy, refused := range map[string]bool{"allkeys-lru": true, "volatile-ttl": true, "noeviction": false} {
+		t.Run(policy, func(t *testing.T) {
+			t.Parallel()
+			srv := testenv.StartRedisServerWith(t, testenv.RedisServerOptions{Args: []string{"--maxmemory", "64mb", "--maxmemory-policy", policy}})
+			l := newLocker(t, srv.URL(), redislock.ModeSingle, "ev", ownershipOptions("a", time.Second, 3*time.Second))
+			le, err := l.Acquire(context.Background(), "k", 0)
+			if !refused {
+				require.NoError(t, err)
+				require.NoError(t, le.Release(context.Background()))
+				return
+			}
+			require.ErrorIs(t, err, ownership.ErrUnavailable)
+			require.ErrorIs(t, err, redislock.ErrUnsafeEviction)
+			require.ErrorContains(t, err, "maxmemory-policy "+policy)
+			n, err := srv.Client(t).Exists(context.Background(), "ev:{k}:lock").Result()
+			require.NoError(t, err)
+			require.Zero(t, n, "nothing was written")
+		})
+	}
 }

@@ -21,12 +21,14 @@ import (
 
 // The crash test re-executes this test binary as a lock holder.
 const (
-	envHelper = "REDISLOCK_TEST_HOLDER" // url|prefix|key|watchdog timeout
+	envHelper = "REDISLOCK_TEST_HOLDER" // url|prefix|key|watchdog timeout[|wait]
 )
 
 // helperMain runs the test binary as a helper process when asked to: it
 // takes a watchdog lease, prints "acquired <fence>" and blocks until killed.
-// It reports whether it ran.
+// In wait mode (the key is held elsewhere) it prints "queued" once its first
+// acquire attempt is answered, and goes on waiting until killed. It reports
+// whether it ran.
 func helperMain() bool {
 	spec := os.Getenv(envHelper)
 	if spec == "" {
@@ -39,7 +41,14 @@ func helperMain() bool {
 		fmt.Println("error", err)
 		os.Exit(2)
 	}
-	l, err := redislock.New(client, redislock.Config{Prefix: parts[1], Owner: "crashing-helper", WatchdogTimeout: ttl})
+	wait := 5 * time.Second
+	if len(parts) > 4 && parts[4] == "wait" {
+		wait = time.Minute
+		h := &askHook{lockKey: parts[1] + ":{" + parts[2] + "}:lock", asked: make(chan struct{}, 1)}
+		client.AddHook(h)
+		go func() { <-h.asked; fmt.Println("queued") }()
+	}
+	l, err := redislock.New(client, redislock.Config{Prefix: parts[1], Owner: "crashing-helper", WatchdogTimeout: ttl, WaitTime: wait})
 	if err != nil {
 		fmt.Println("error", err)
 		os.Exit(2)

@@ -15,7 +15,7 @@ import (
 // Locks implements ownership.Inspector: it SCANs <prefix>:{*}:lock on every
 // master and reads each hash. Sorted by key.
 func (l *Locker) Locks(ctx context.Context) ([]ownership.LockInfo, error) {
-	pattern := l.cfg.Prefix + ":{*}:lock"
+	pattern := escapeGlob(l.cfg.Prefix) + ":{*}:lock"
 	var mu sync.Mutex
 	var names []string
 	scan := func(ctx context.Context, c redis.Cmdable) error {
@@ -64,6 +64,20 @@ func (l *Locker) Locks(ctx context.Context) ([]ownership.LockInfo, error) {
 		out = append(out, info)
 	}
 	return out, nil
+}
+
+// escapeGlob makes s match itself literally in a Redis glob pattern (SCAN
+// MATCH): the prefix may contain * ? [ ] or \.
+func escapeGlob(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '*', '?', '[', ']', '\\':
+			b.WriteByte('\\')
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }
 
 func str(v any) string {

@@ -1,7 +1,7 @@
 // Package redislock is the Redis adapter of the ownership port: ADR-024's
 // DistributedLock on go-redis v9 (single, sentinel or cluster). See the
-// ownership package documentation for the semantics; this file's comments
-// say how Redis gives them.
+// ownership package documentation for the semantics and docs/lock.md for
+// what the lock promises; scripts.go says how Redis stores it.
 package redislock
 
 import (
@@ -25,7 +25,8 @@ import (
 
 // Config configures New. Defaults are filled by New.
 type Config struct {
-	// Prefix starts every Redis key. Default "coordinator".
+	// Prefix starts every Redis key. Default "coordinator". No braces or
+	// whitespace; glob characters are matched literally.
 	Prefix string
 	// Owner is the replica id written into every lock. Required.
 	Owner string
@@ -34,16 +35,30 @@ type Config struct {
 	// WatchdogTimeout is the TTL of watchdog-managed leases, renewed every
 	// third of it. Default 30s; at least 30ms.
 	WatchdogTimeout time.Duration
+	// WaitReplicas is how many replicas must acknowledge (Redis WAIT) an
+	// acquisition or a renewal before it counts: ReplicasAuto (0, the
+	// default) waits for the replicas the master reports online, ReplicasNone
+	// (-1) never waits, N > 0 waits for N. See docs/lock.md.
+	WaitReplicas int
+	// ReplicaTimeout bounds each WAIT. Default 200ms.
+	ReplicaTimeout time.Duration
 	// Logger receives lease losses and renewal trouble. Default: discard.
 	Logger *slog.Logger
 	// Metrics receives the coordinator_lock_* series. Default none.
 	Metrics *ownership.Metrics
 }
 
+// WaitReplicas values besides a count.
+const (
+	ReplicasAuto = 0
+	ReplicasNone = -1
+)
+
 func (c *Config) defaults() {
 	c.Prefix = cmp.Or(c.Prefix, "coordinator")
 	c.WaitTime = cmp.Or(c.WaitTime, 5*time.Second)
 	c.WatchdogTimeout = cmp.Or(c.WatchdogTimeout, 30*time.Second)
+	c.ReplicaTimeout = cmp.Or(c.ReplicaTimeout, 200*time.Millisecond)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -53,12 +68,16 @@ func (c Config) validate() error {
 	switch {
 	case c.Owner == "":
 		return errors.New("redislock: Config.Owner is required")
-	case strings.ContainsAny(c.Prefix, "{} \t\n"):
+	case strings.ContainsAny(c.Prefix, "{} \t\r\n"):
 		return fmt.Errorf("redislock: Config.Prefix %q must not contain braces or whitespace", c.Prefix)
 	case c.WaitTime < 0:
 		return fmt.Errorf("redislock: Config.WaitTime %s is negative", c.WaitTime)
 	case c.WatchdogTimeout < 30*time.Millisecond:
 		return fmt.Errorf("redislock: Config.WatchdogTimeout %s is below 30ms", c.WatchdogTimeout)
+	case c.WaitReplicas < ReplicasNone:
+		return fmt.Errorf("redislock: Config.WaitReplicas %d: must be -1 (none), 0 (auto) or a count", c.WaitReplicas)
+	case c.ReplicaTimeout < 0 || c.ReplicaTimeout >= DefaultReadTimeout:
+		return fmt.Errorf("redislock: Config.ReplicaTimeout %s: must be positive and below the read timeout %s", c.ReplicaTimeout, DefaultReadTimeout)
 	}
 	return nil
 }
@@ -72,8 +91,10 @@ type Locker struct {
 	log    *slog.Logger
 	m      *ownership.Metrics
 
-	tokenBase string
-	tokenSeq  atomic.Uint64
+	// id names this Locker in the wait queues and in its wake channel; every
+	// token starts with it.
+	id       string
+	tokenSeq atomic.Uint64
 
 	// live: every term this Locker holds; the watchdog ones are renewed.
 	mu        sync.Mutex
@@ -81,15 +102,19 @@ type Locker struct {
 	watchdogs int
 	looping   bool
 	closed    bool
+	bgClosed  bool // no new background work (Close is waiting for it)
 
-	// roundMu is held while a renewal batch is in flight, so that a release
-	// can wait out a batch that may still carry its term: after Release,
-	// no renewal of it reaches Redis.
-	roundMu sync.Mutex
+	// round is held (a token in it) while a renewal batch is in flight, so
+	// that a release can wait out a batch that may still carry its term:
+	// after Release, no renewal of it reaches Redis. A channel, so that the
+	// wait honours the release's context.
+	round chan struct{}
 
 	// waiters by key; the head of each queue is the only one that asks Redis.
 	wmu    sync.Mutex
 	queues map[string]*queue
+
+	srv serverState
 
 	pubsub    *redis.PubSub
 	runCtx    context.Context // cancelled by Close
@@ -106,12 +131,15 @@ type termState struct {
 	timer   *time.Timer // fires at the local trust deadline
 	// renewing: a watchdog term the renewal loop still renews (l.mu).
 	renewing bool
+	// seq numbers the term's hold-count updates, so a late resend of an
+	// older one cannot overwrite a newer one (l.mu).
+	seq int64
 }
 
-// New returns a Locker on client and starts its one pattern subscription
-// (<prefix>:{*}:released). Nothing else is contacted: an unreachable Redis
-// shows up as ErrUnavailable from Acquire, and the subscription reconnects
-// on its own. Close it when done; it does not close client.
+// New returns a Locker on client and subscribes to its wake channel
+// (<prefix>:wake:<Locker id>). Nothing else is contacted: an unreachable
+// Redis shows up as ErrUnavailable from Acquire, and the subscription
+// reconnects on its own. Close it when done; it does not close client.
 func New(client redis.UniversalClient, cfg Config) (*Locker, error) {
 	cfg.defaults()
 	if err := cfg.validate(); err != nil {
@@ -120,19 +148,20 @@ func New(client redis.UniversalClient, cfg Config) (*Locker, error) {
 	var rnd [8]byte
 	_, _ = rand.Read(rnd[:])
 	l := &Locker{
-		client:    client,
-		cfg:       cfg,
-		log:       cfg.Logger,
-		m:         cfg.Metrics,
-		tokenBase: cfg.Owner + ":" + hex.EncodeToString(rnd[:]) + ":",
-		live:      map[*ownership.Term]*termState{},
-		queues:    map[string]*queue{},
-		stop:      make(chan struct{}),
+		client: client,
+		cfg:    cfg,
+		log:    cfg.Logger,
+		m:      cfg.Metrics,
+		id:     cfg.Owner + ":" + hex.EncodeToString(rnd[:]),
+		live:   map[*ownership.Term]*termState{},
+		queues: map[string]*queue{},
+		round:  make(chan struct{}, 1),
+		stop:   make(chan struct{}),
 	}
 	l.runCtx, l.cancelRun = context.WithCancel(context.Background())
 	runCtx := l.runCtx
-	l.pubsub = client.PSubscribe(runCtx)
-	if err := l.pubsub.PSubscribe(runCtx, l.cfg.Prefix+":{*}:released"); err != nil {
+	l.pubsub = client.Subscribe(runCtx)
+	if err := l.pubsub.Subscribe(runCtx, l.wakeChannel()); err != nil {
 		// Remembered anyway: the subscription is made on reconnect.
 		l.log.Warn("lock_subscribe_failed", "error", err)
 	}
@@ -144,20 +173,44 @@ func New(client redis.UniversalClient, cfg Config) (*Locker, error) {
 // Owner returns the replica id.
 func (l *Locker) Owner() string { return l.cfg.Owner }
 
-func (l *Locker) lockKey(key string) string { return l.cfg.Prefix + ":{" + key + "}:lock" }
-func (l *Locker) fenceKey(key string) string {
-	return l.cfg.Prefix + ":{" + key + "}:fence"
+func (l *Locker) tag(key string) string      { return l.cfg.Prefix + ":{" + key + "}" }
+func (l *Locker) lockKey(key string) string  { return l.tag(key) + ":lock" }
+func (l *Locker) fenceKey(key string) string { return l.tag(key) + ":fence" }
+func (l *Locker) queueKeys(key string) (queue, tickets string) {
+	return l.tag(key) + ":queue", l.tag(key) + ":tickets"
 }
-func (l *Locker) channel(key string) string { return l.cfg.Prefix + ":{" + key + "}:released" }
+func (l *Locker) endedKey(key string, fence int64) string {
+	if fence == 0 {
+		return l.tag(key) + ":ended:"
+	}
+	return l.tag(key) + ":ended:" + strconv.FormatInt(fence, 10)
+}
+func (l *Locker) wakeChannel() string { return l.cfg.Prefix + ":wake:" + l.id }
 
-// handoffMS is how long a released lock stays reserved for the Locker that
-// waited for it first: long enough for the release message to reach it and
-// its acquire to come back (a few round trips), short enough that a dead
-// waiter costs little.
-const handoffMS = 10
+// Timing of the hand-off between waiting Lockers.
+const (
+	// handoffMS is how long a released lock stays reserved for the oldest
+	// waiting Locker: long enough for the wake message to reach it and its
+	// acquire to come back on a busy machine, short enough that a waiter
+	// that died costs little.
+	handoffMS = 25
+	// ticketRefresh: a waiting head asks Redis again at least this often,
+	// which renews its queue ticket (and notices a reservation whose owner
+	// died). Tickets last ticketTTL, so a live waiter's never lapses and a
+	// dead one's is dropped within ticketTTL.
+	ticketRefresh = time.Second
+	ticketTTL     = 3 * ticketRefresh
+	queueMS       = int64(ticketTTL/time.Millisecond) + 1000
+	// endedMS keeps the marker of a released term long enough for any
+	// resend of its release (go-redis: read + write timeout per try, one
+	// retry) to find it.
+	endedMS = 10_000
+	// cleanupTimeout bounds a best-effort delete by token.
+	cleanupTimeout = 2*DefaultReadTimeout + time.Second
+)
 
-// keyOf is the inverse of lockKey/channel: the key between the prefix's
-// "{" and the last "}".
+// keyOf is the inverse of tag: the key between the prefix's "{" and the
+// last "}".
 func (l *Locker) keyOf(name string) (string, bool) {
 	p := l.cfg.Prefix + ":{"
 	if !strings.HasPrefix(name, p) {
@@ -208,44 +261,51 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 	if closed {
 		return nil, ownership.Unavailable(key, errClosed)
 	}
+	if err := l.usable(ctx); err != nil {
+		return nil, ownership.Unavailable(key, err)
+	}
 
 	ttl := cmp.Or(lease, l.cfg.WatchdogTimeout)
 	deadline := start.Add(l.cfg.WaitTime)
-	token := l.tokenBase + strconv.FormatUint(l.tokenSeq.Add(1), 36)
-	keys := []string{l.lockKey(key), l.fenceKey(key)}
+	token := l.id + ":" + strconv.FormatUint(l.tokenSeq.Add(1), 36)
 	ttlMS := max(ttl.Milliseconds(), 1)
 
 	w, q := l.enqueue(key)
 	defer l.dequeue(key, w, q)
 	owner := ""
 	for {
-		if w.attempt(q, &l.wmu) {
+		if w.attempt(&l.wmu) {
 			sent := time.Now()
-			res, err := l.runAcquire(ctx, deadline, keys, token, ttlMS)
+			res, err := l.runAcquire(ctx, deadline, key, token, ttlMS, q.isQueued(&l.wmu))
 			if err != nil {
-				if ctx.Err() != nil {
-					return nil, ownership.AlreadyOwned(key, owner, ctx.Err())
+				// The script may have run (only its reply was lost, or ctx
+				// ended while it was in flight): delete what it wrote.
+				l.cleanup(key, token, 0)
+				if cerr := ctx.Err(); cerr != nil {
+					err = fmt.Errorf("%w: %w", cerr, err)
 				}
 				return nil, ownership.Unavailable(key, err)
 			}
 			if res.acquired {
+				q.setQueued(&l.wmu, false)
 				le := l.grant(ctx, key, token, res.fence, lease == 0, ttl, sent)
-				w.acquired(q, &l.wmu, ttl)
+				w.acquired(&l.wmu, ttl)
 				return le, nil
 			}
+			q.setQueued(&l.wmu, res.queued)
 			if res.owner != "" {
 				owner = res.owner
 				q.seen(&l.wmu, owner)
 			}
-			w.fallback = time.Duration(res.pttl) * time.Millisecond
+			w.fallback = min(time.Duration(res.pttl)*time.Millisecond, ticketRefresh)
 			switch {
 			case res.pttl < 0: // no TTL (never set by us) or just vanished
 				w.fallback = time.Millisecond
-			case res.owner == "":
-				// Reserved for another Locker's waiter, which takes it within a
-				// round trip; ask again soon, to queue behind that term (the
-				// retry marks it as waited for, so its release wakes us).
-				w.fallback = min(w.fallback, time.Millisecond)
+			case res.reserved != "":
+				// Reserved for another waiting Locker, which takes it within a
+				// round trip; ask again once the reservation would have
+				// lapsed, in case that Locker died.
+				w.fallback = time.Duration(res.pttl+1) * time.Millisecond
 			}
 		}
 		remaining := time.Until(deadline)
@@ -256,7 +316,6 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 		select {
 		case <-w.wake:
 		case <-timer.C:
-			w.timedOut = true
 		case <-ctx.Done():
 			timer.Stop()
 			return nil, ownership.AlreadyOwned(key, cmp.Or(owner, q.lastOwner(&l.wmu)), ctx.Err())
@@ -273,14 +332,32 @@ type acquireResult struct {
 	fence    int64
 	pttl     int64
 	owner    string
+	reserved string
+	queued   bool
 }
 
-// runAcquire runs the acquire script, bounded by the wait budget (at least
-// one dial timeout, so a zero budget still gets its one try).
-func (l *Locker) runAcquire(ctx context.Context, deadline time.Time, keys []string, token string, ttlMS int64) (acquireResult, error) {
+// runAcquire runs the acquire script once (and WAIT, where replicas must
+// acknowledge), bounded by the wait budget (at least one dial timeout, so a
+// zero budget still gets its one try).
+func (l *Locker) runAcquire(ctx context.Context, deadline time.Time, key, token string, ttlMS int64, queued bool) (acquireResult, error) {
 	callCtx, cancel := context.WithDeadline(ctx, later(deadline, time.Now().Add(DefaultDialTimeout)))
 	defer cancel()
-	vals, err := acquireScript.Run(callCtx, l.client, keys, token, l.cfg.Owner, ttlMS, l.tokenBase).Slice()
+	// A ticket outlives the wait by a little, never by more than ticketTTL.
+	ticket := min(time.Until(deadline)+100*time.Millisecond, ticketTTL).Milliseconds()
+	if ticket <= 0 {
+		ticket = 0
+	}
+	queue, tickets := l.queueKeys(key)
+	keys := []string{l.lockKey(key), l.fenceKey(key), queue, tickets}
+	q := "0"
+	if queued {
+		q = "1"
+	}
+	cmd, acked, err := l.evalAcked(callCtx, acquireScript, keys, token, l.cfg.Owner, ttlMS, l.id, ticket, queueMS, q)
+	if err != nil {
+		return acquireResult{}, err
+	}
+	vals, err := cmd.Slice()
 	if err != nil {
 		return acquireResult{}, err
 	}
@@ -290,11 +367,15 @@ func (l *Locker) runAcquire(ctx context.Context, deadline time.Time, keys []stri
 	flag, _ := vals[0].(int64)
 	n, _ := vals[1].(int64)
 	if flag == 1 {
+		if acked != nil {
+			return acquireResult{}, acked // the caller deletes the unreplicated lock
+		}
 		return acquireResult{acquired: true, fence: n}, nil
 	}
-	r := acquireResult{pttl: n}
-	if len(vals) > 2 {
+	r := acquireResult{pttl: n, queued: ticket > 0}
+	if len(vals) > 3 {
 		r.owner, _ = vals[2].(string)
+		r.reserved, _ = vals[3].(string)
 	}
 	return r, nil
 }
@@ -313,19 +394,45 @@ func (l *Locker) owns(t *ownership.Term) bool {
 	return ok
 }
 
+// nextSeq numbers a hold-count update of t (0 when t is no longer live).
+func (l *Locker) nextSeq(t *ownership.Term) int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st, ok := l.live[t]
+	if !ok {
+		return 0
+	}
+	st.seq++
+	return st.seq
+}
+
+// setHolds tells Redis how many holds t has now. ok is false when the term
+// no longer holds the lock; owner is then the current holder's replica.
+func (l *Locker) setHolds(ctx context.Context, t *ownership.Term, holds int64) (ok bool, owner string, err error) {
+	vals, err := holdsScript.Run(ctx, l.client, []string{l.lockKey(t.Key())},
+		t.Token(), t.Fence(), holds, l.nextSeq(t)).Slice()
+	if err != nil {
+		return false, "", err
+	}
+	if len(vals) < 2 {
+		return false, "", fmt.Errorf("redislock: holds script returned %v", vals)
+	}
+	flag, _ := vals[0].(int64)
+	owner, _ = vals[1].(string)
+	return flag == 1, owner, nil
+}
+
 func (l *Locker) reenter(ctx context.Context, t *ownership.Term) (ownership.Lease, error) {
 	callCtx, cancel := context.WithTimeout(ctx, max(l.cfg.WaitTime, DefaultDialTimeout))
 	defer cancel()
-	vals, err := reenterScript.Run(callCtx, l.client, []string{l.lockKey(t.Key())}, t.Token(), t.Fence()).Slice()
+	ok, owner, err := l.setHolds(callCtx, t, t.Holds()+1)
 	if err != nil {
 		return nil, ownership.Unavailable(t.Key(), err)
 	}
-	holds, _ := vals[0].(int64)
-	if holds > 0 {
+	if ok {
 		return t.Hold(), nil
 	}
-	owner, _ := vals[1].(string)
-	l.lose(t, "reentry found the lock gone")
+	l.lose(t, "reentry found the lock gone", false)
 	return nil, ownership.AlreadyOwned(t.Key(), owner, ownership.ErrLeaseLost)
 }
 
@@ -343,7 +450,7 @@ func (l *Locker) grant(ctx context.Context, key, token string, fence int64, watc
 		if watchdog {
 			reason = "no successful renewal before the trust deadline"
 		}
-		l.lose(t, reason)
+		l.lose(t, reason, true)
 	})
 	lease := t.Hold()
 	l.mu.Lock()
@@ -363,18 +470,33 @@ func (l *Locker) grant(ctx context.Context, key, token string, fence int64, watc
 	l.mu.Unlock()
 	l.m.Held()
 	if closed {
-		l.lose(t, "locker closed")
+		// Acquired while the Locker closed: nobody will hold it.
+		l.lose(t, "locker closed", true)
 	}
 	return lease
 }
 
-func (l *Locker) lose(t *ownership.Term, reason string) {
+// lose ends t as lost. With cleanup, the lock may still exist in Redis
+// (renewals or a resent acquire may have landed after their replies were
+// lost) and nobody holds it any more: it is deleted by its token once the
+// holder has had its safety margin to stop, best effort.
+func (l *Locker) lose(t *ownership.Term, reason string, cleanup bool) {
+	l.mu.Lock()
+	var ttl time.Duration
+	if st, ok := l.live[t]; ok {
+		ttl = st.ttl
+	}
+	l.mu.Unlock()
 	if t.End(ownership.ErrLeaseLost) {
 		l.log.Warn("lease_lost", "lock_key", t.Key(), "owner", l.cfg.Owner, "fence", t.Fence(), "reason", reason)
+		if cleanup {
+			l.cleanup(t.Key(), t.Token(), ownership.SafetyMargin(ttl))
+		}
 	}
 }
 
-// ended is the terms' OnEnd: it stops the trust timer and renewal at once.
+// ended is the terms' OnEnd: it stops the trust timer and renewal at once,
+// and lets the next waiter of this process ask Redis.
 func (l *Locker) ended(t *ownership.Term, err error) {
 	l.mu.Lock()
 	st, ok := l.live[t]
@@ -389,40 +511,109 @@ func (l *Locker) ended(t *ownership.Term, err error) {
 		st.timer.Stop()
 	}
 	l.m.Ended(time.Since(t.Acquired()), errors.Is(err, ownership.ErrLeaseLost))
+	l.wakeLocal(t.Key())
 }
 
-// release is the terms' Release: one hold less, compare-and-delete by token
-// and fence, PUBLISH on the last one.
+// release is the terms' Release: one hold less. A hold that is not the last
+// sets the count; the last one ends the term in Redis (compare-and-delete by
+// token and fence) and hands the lock to the oldest waiting Locker.
 func (l *Locker) release(ctx context.Context, t *ownership.Term) error {
-	if t.Holds() == 0 && t.Watchdog() {
+	if holds := t.Holds(); holds > 0 {
+		ok, _, err := l.setHolds(ctx, t, holds)
+		switch {
+		case err != nil:
+			return fmt.Errorf("%w: %w", ownership.ErrUnavailable, err)
+		case !ok:
+			return fmt.Errorf("%w: %q fence %d is no longer this holder's", ownership.ErrNotHeld, t.Key(), t.Fence())
+		}
+		return nil
+	}
+	if t.Watchdog() {
 		// The last hold: take the term out of renewal before the delete, and
-		// wait out a renewal batch that may already carry it.
+		// wait out a renewal batch that may already carry it (as long as ctx
+		// allows: a renewal that lands later finds no lock to extend).
 		l.mu.Lock()
 		if st, ok := l.live[t]; ok && st.renewing {
 			st.renewing = false
 			l.watchdogs--
 		}
 		l.mu.Unlock()
-		l.roundMu.Lock()
-		l.roundMu.Unlock() //nolint:staticcheck // an empty critical section: a barrier
+		select {
+		case l.round <- struct{}{}:
+			<-l.round
+		case <-ctx.Done():
+		}
 	}
-	n, err := releaseScript.Run(ctx, l.client, []string{l.lockKey(t.Key()), l.channel(t.Key())},
-		t.Token(), t.Fence(), l.tokenBase, handoffMS).Int64()
+	ended, err := l.runRelease(ctx, t.Key(), t.Token(), t.Fence())
 	if err != nil {
+		// It may have run; if not, nobody holds the lock now: delete it.
+		l.cleanup(t.Key(), t.Token(), 0)
 		return fmt.Errorf("%w: %w", ownership.ErrUnavailable, err)
 	}
-	if n < 0 {
+	if !ended {
 		return fmt.Errorf("%w: %q fence %d is no longer this holder's", ownership.ErrNotHeld, t.Key(), t.Fence())
-	}
-	if n == 0 {
-		l.wakeLocal(t.Key(), t.Fence())
 	}
 	return nil
 }
 
+// runRelease runs the release script for token's term of key (fence 0: any
+// term of token, no ended marker). ended reports that this call or an
+// earlier send of it ended the term.
+func (l *Locker) runRelease(ctx context.Context, key, token string, fence int64) (ended bool, err error) {
+	queue, tickets := l.queueKeys(key)
+	f := ""
+	if fence != 0 {
+		f = strconv.FormatInt(fence, 10)
+	}
+	vals, err := releaseScript.Run(ctx, l.client, []string{l.lockKey(key), queue, tickets, l.endedKey(key, fence)},
+		token, f, endedMS, handoffMS, l.cfg.Prefix, key).Slice()
+	if err != nil {
+		return false, err
+	}
+	if len(vals) < 2 {
+		return false, fmt.Errorf("redislock: release script returned %v", vals)
+	}
+	flag, _ := vals[0].(int64)
+	return flag == 1, nil
+}
+
+// cleanup deletes token's lock on key after delay, best effort, in the
+// background: the lock nobody holds any more (a failed acquire or release,
+// a lost lease) is not left for a whole TTL.
+func (l *Locker) cleanup(key, token string, delay time.Duration) {
+	l.background(func() {
+		if delay > 0 {
+			// Not cut short by Close: the margin is the holder's time to stop.
+			time.Sleep(delay)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		defer cancel()
+		if _, err := l.runRelease(ctx, key, token, 0); err != nil {
+			l.log.Debug("lock_cleanup_failed", "lock_key", key, "error", err)
+		}
+	})
+}
+
+// background runs fn in a goroutine Close waits for; after Close, fn is
+// dropped (all of it is best effort).
+func (l *Locker) background(fn func()) {
+	l.mu.Lock()
+	if l.bgClosed {
+		l.mu.Unlock()
+		return
+	}
+	l.wg.Add(1)
+	l.mu.Unlock()
+	go func() {
+		defer l.wg.Done()
+		fn()
+	}()
+}
+
 // Close loses every lease still held (their Done closes; the locks in Redis
-// expire on their own), stops the renewal loop and the subscription, and
-// waits for them. Safe to call twice. It does not close the client.
+// are not deleted and expire on their own), stops the renewal loop and the
+// subscription, waits for them and for pending best-effort clean-ups. Safe
+// to call twice. It does not close the client.
 func (l *Locker) Close() error {
 	l.mu.Lock()
 	l.closed = true
@@ -432,13 +623,18 @@ func (l *Locker) Close() error {
 	}
 	l.mu.Unlock()
 	for _, t := range terms {
-		l.lose(t, "locker closed")
+		// Not deleted: a caller may keep a lock past its process on purpose
+		// (the reaper's minimum hold); the TTL ends it.
+		l.lose(t, "locker closed", false)
 	}
 	l.closeOnce.Do(func() {
 		close(l.stop)
 		l.cancelRun()
 		_ = l.pubsub.Close()
 	})
+	l.mu.Lock()
+	l.bgClosed = true
+	l.mu.Unlock()
 	l.wg.Wait()
 	return nil
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -50,8 +49,9 @@ type renewItem struct {
 }
 
 // renewRound renews every watchdog lease once. A lease whose lock is gone
-// (or belongs to another term) is lost at once; one whose renewal fails
-// keeps its trust deadline, and is lost when it passes.
+// (or belongs to another term) is lost at once; one whose renewal fails,
+// or is not acknowledged by the required replicas, keeps its trust
+// deadline, and is lost when it passes.
 func (l *Locker) renewRound(budget time.Duration) {
 	l.mu.Lock()
 	items := make([]renewItem, 0, l.watchdogs)
@@ -83,12 +83,17 @@ func (l *Locker) renewRound(budget time.Duration) {
 				firstErr = cmpErr(firstErr, r.err)
 			case r.held:
 				ok++
-				if !it.t.Ended() {
+				if it.t.Ended() {
+					// Landed after the trust deadline (or a release that gave
+					// up waiting for this batch): it extended a lock nobody
+					// holds. Delete it, after the holder's margin to stop.
+					l.cleanup(it.t.Key(), it.t.Token(), ownership.SafetyMargin(it.st.ttl))
+				} else {
 					it.st.timer.Reset(time.Until(ownership.TrustDeadline(sent, it.st.ttl)))
 				}
 			default:
 				gone++
-				l.lose(it.t, "renewal found the lock gone")
+				l.lose(it.t, "renewal found the lock gone", false)
 			}
 		}
 	}
@@ -112,11 +117,21 @@ type renewResult struct {
 	err           error
 }
 
-// renewBatch sends one pipeline of renewals while holding roundMu, so that
-// a Release can wait for a batch that may carry its term.
+// renewBatch sends the renewals of a batch while holding the round token, so
+// that a Release can wait for a batch that may carry its term. Renewals go
+// in one pipeline per master, followed by WAIT where replicas must
+// acknowledge them: a renewal counts only once they have.
 func (l *Locker) renewBatch(ctx context.Context, batch []renewItem) ([]renewResult, time.Time) {
-	l.roundMu.Lock()
-	defer l.roundMu.Unlock()
+	select {
+	case l.round <- struct{}{}:
+	case <-ctx.Done():
+		results := make([]renewResult, len(batch))
+		for i := range results {
+			results[i].err = ctx.Err()
+		}
+		return results, time.Now()
+	}
+	defer func() { <-l.round }()
 	results := make([]renewResult, len(batch))
 	l.mu.Lock()
 	for i, it := range batch {
@@ -124,14 +139,54 @@ func (l *Locker) renewBatch(ctx context.Context, batch []renewItem) ([]renewResu
 	}
 	l.mu.Unlock()
 
+	// Which pipeline each renewal goes in: one per master when WAIT is
+	// needed (it acknowledges that connection's writes), else one for all
+	// (a cluster pipeline splits by node itself).
+	type group struct {
+		pipe  redis.Pipeliner
+		items []int
+		need  int
+		node  *redis.Client
+		addr  string
+	}
+	groups := map[string]*group{}
+	var order []string
+	for i, it := range batch {
+		if results[i].skipped {
+			continue
+		}
+		n, addr, err := l.node(ctx, it.st.lockKey)
+		need := 0
+		if err == nil {
+			need = l.required(addr)
+		}
+		gk := "all"
+		if need > 0 {
+			gk = "node " + addr
+		}
+		g := groups[gk]
+		if g == nil {
+			g = &group{need: need, node: n, addr: addr}
+			groups[gk] = g
+			order = append(order, gk)
+		}
+		g.items = append(g.items, i)
+	}
+
 	sent := time.Now()
 	cmds := make([]*redis.Cmd, len(batch))
-	run := func(useEval bool, which func(i int) bool) {
-		pipe := l.client.Pipeline()
-		for i, it := range batch {
+	send := func(g *group, useEval bool, which func(i int) bool) *redis.Cmd {
+		var pipe redis.Pipeliner
+		if g.need > 0 {
+			pipe = g.node.Pipeline()
+		} else {
+			pipe = l.client.Pipeline()
+		}
+		for _, i := range g.items {
 			if !which(i) {
 				continue
 			}
+			it := batch[i]
 			keys := []string{it.st.lockKey}
 			ttl := max(it.st.ttl.Milliseconds(), 1)
 			if useEval {
@@ -140,32 +195,47 @@ func (l *Locker) renewBatch(ctx context.Context, batch []renewItem) ([]renewResu
 				cmds[i] = renewScript.EvalSha(ctx, pipe, keys, it.t.Token(), it.t.Fence(), ttl)
 			}
 		}
+		var w *redis.Cmd
+		if g.need > 0 {
+			w = pipe.Do(ctx, "wait", g.need, l.cfg.ReplicaTimeout.Milliseconds())
+		}
 		_, _ = pipe.Exec(ctx)
+		return w
 	}
-	run(false, func(i int) bool { return !results[i].skipped })
-	// NOSCRIPT (a restarted or flushed Redis): send those again as EVAL,
-	// which also caches the script for the next round.
-	if slices.ContainsFunc(cmds, func(c *redis.Cmd) bool { return c != nil && redis.HasErrorPrefix(c.Err(), "NOSCRIPT") }) {
-		retry := make([]bool, len(cmds))
-		for i, c := range cmds {
-			retry[i] = c != nil && redis.HasErrorPrefix(c.Err(), "NOSCRIPT")
+	noscript := func(i int) bool { return cmds[i] != nil && redis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT") }
+	for _, gk := range order {
+		g := groups[gk]
+		w := send(g, false, func(int) bool { return true })
+		// NOSCRIPT (a restarted or flushed Redis): send those again as EVAL,
+		// which also caches the script for the next round.
+		if slices.ContainsFunc(g.items, noscript) {
+			retry := map[int]bool{}
+			for _, i := range g.items {
+				retry[i] = noscript(i)
+			}
+			w = send(g, true, func(i int) bool { return retry[i] })
 		}
-		run(true, func(i int) bool { return retry[i] })
-	}
-	for i, c := range cmds {
-		if c == nil {
-			continue
+		var ackErr error
+		if w != nil {
+			ackErr = l.checkAcked(ctx, g.node, g.addr, g.need, w)
 		}
-		n, err := c.Int64()
-		results[i] = renewResult{held: err == nil && n == 1, err: err}
+		for _, i := range g.items {
+			n, err := cmds[i].Int64()
+			results[i] = renewResult{held: err == nil && n == 1, err: err}
+			if err == nil && n == 1 && ackErr != nil {
+				results[i] = renewResult{err: ackErr}
+			}
+		}
 	}
 	return results, sent
 }
 
-// listen is the Locker's one subscription (PSUBSCRIBE <prefix>:{*}:released):
-// a release message wakes the head waiter of its key. go-redis reconnects
-// and resubscribes on its own; an idle connection is pinged so a dead one is
-// noticed. Messages lost meanwhile only delay waiters to their TTL fallback.
+// listen is the Locker's one subscription (SUBSCRIBE <prefix>:wake:<id>): a
+// message names a key whose lock a release reserved for this Locker, and
+// wakes the head waiter of that key. go-redis reconnects and resubscribes on
+// its own; an idle connection is pinged so a dead one is noticed. A message
+// lost meanwhile delays the waiter until it asks again (ticketRefresh), and
+// the next waiting Locker until the reservation lapses.
 func (l *Locker) listen(ctx context.Context) {
 	defer l.wg.Done()
 	backoff := 50 * time.Millisecond
@@ -191,11 +261,8 @@ func (l *Locker) listen(ctx context.Context) {
 			continue
 		}
 		backoff = 50 * time.Millisecond
-		if m, ok := msg.(*redis.Message); ok {
-			if key, ok := l.keyOf(m.Channel); ok {
-				fence, _ := strconv.ParseInt(m.Payload, 10, 64)
-				l.wakeRemote(key, fence)
-			}
+		if m, ok := msg.(*redis.Message); ok && m.Channel == l.wakeChannel() {
+			l.wakeChosen(m.Payload)
 		}
 	}
 }

@@ -2,90 +2,179 @@ package redislock
 
 import "github.com/redis/go-redis/v9"
 
-// The lock is a hash at <prefix>:{<key>}:lock with fields
+// Keys of one lock key K (all share the hash tag {K}, so every script runs
+// in one cluster slot):
 //
-//	owner   the lease's token (replica id + random, unique per acquisition)
-//	replica the replica id, shown to contenders and in `coordinator locks`
-//	holds   the hold count (reentrant acquisitions)
-//	fence   the fencing token of this acquisition
-//	waiting the Locker id of the first contender that found the lock held:
-//	        only then does the release PUBLISH (uncontended locks cost no
-//	        pub/sub traffic), and it reserves the next term for that Locker
+//	<prefix>:{K}:lock     hash, PTTL = the lease's TTL:
+//	                        owner    the term's token (replica id + random, unique per Acquire)
+//	                        replica  the replica id, shown to contenders and in `coordinator locks`
+//	                        holds    the hold count (reentrant acquisitions), as the holder last set it
+//	                        seq      the holder's operation number that set holds (per term)
+//	                        fence    the term's fencing token
+//	                        waiting  '1' once a contender queued during this term: only then
+//	                                 does the release look at the queue and hand off
+//	                      or, for handoffMS after a release, only {reserved: Locker id}: the
+//	                      lock is kept for the oldest live waiting Locker (no owner, so no
+//	                      script mistakes it for a held lock)
+//	<prefix>:{K}:fence    string, no TTL: the last fence handed out
+//	<prefix>:{K}:queue    zset: waiting Locker id -> arrival (Redis time, µs); FIFO order
+//	<prefix>:{K}:tickets  zset: waiting Locker id -> ticket expiry (Redis time, ms)
+//	<prefix>:{K}:ended:F  string, PTTL endedMS: the token that released term F (fence F),
+//	                      so that a resent release answers "released", not "not held"
 //
-// A reservation is the same key holding only {reserved: Locker id} for
-// handoffMS; no other script mistakes it for a held lock (no owner).
+// and one channel per Locker, <prefix>:wake:<Locker id>: a release that hands
+// the lock to a waiting Locker publishes "K" there, and only that Locker wakes.
 //
-// and a PTTL. The fence counter <prefix>:{<key>}:fence never expires: it is
-// one integer per key ever locked, and "strictly increasing per key" must
-// survive any idle gap. Every script touches keys of one hash tag only, so
-// all of them run in one cluster slot (no CROSSSLOT).
+// Every script is safe to run twice (go-redis resends a command whose reply
+// timed out, and the first send may still have run): acquire recognises its
+// own token, holds carries the desired count with an operation number
+// instead of an increment, release recognises a term it already ended, and
+// renew and leave only set what is already set.
+//
+// Fences: fence = max(last fence + 1, Redis TIME in µs), so they rise per
+// key also when the fence key is gone (FLUSHALL, a restart without
+// persistence, a failover to a replica that missed it), as long as the
+// Redis host's clock does not step back past the last fence. They are large
+// numbers (~1.8e15 in 2026): int64 everywhere, and below 2^53 until the
+// year 2255, so exact in JSON readers that use doubles.
 
-// acquireScript: KEYS lock, fence; ARGV token, replica, ttl ms, locker
-// id. Returns {1, fence} when acquired (also when this very token already
-// holds it: a retried request is idempotent). Otherwise returns
-// {0, pttl, replica}: the lock is held (the first contender of this term
-// records its Locker id in 'waiting'), or it was just released to another
-// Locker that waited for it and is reserved for it for a few ms (then the
-// hash has only a 'reserved' field, and replica is ”).
-var acquireScript = redis.NewScript(`
-local cur = redis.call('hmget', KEYS[1], 'owner', 'fence', 'reserved')
-if cur[1] == false then
-  if cur[3] then
-    if cur[3] ~= ARGV[4] then
-      return {0, redis.call('pttl', KEYS[1]), ''}
-    end
-    redis.call('del', KEYS[1])
+// handoffLua picks the oldest live waiting Locker of KEYS lock/queue/
+// tickets (ticket not expired), reserves the lock for it for ARGV handoff ms
+// and publishes the key on its wake channel. Expired tickets are dropped.
+// Returns the Locker id, or false when nobody waits.
+const handoffLua = `
+local function handoff(lock, queue, tickets, handoffms, prefix, key)
+  local t = redis.call('time')
+  local nowms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local dead = redis.call('zrangebyscore', tickets, '-inf', nowms)
+  if #dead > 0 then
+    redis.call('zrem', queue, unpack(dead))
+    redis.call('zrem', tickets, unpack(dead))
   end
-  local fence = redis.call('incr', KEYS[2])
-  redis.call('hset', KEYS[1], 'owner', ARGV[1], 'replica', ARGV[2], 'holds', 1, 'fence', fence)
+  local head = redis.call('zrange', queue, 0, 0)[1]
+  if head then
+    redis.call('hset', lock, 'reserved', head)
+    redis.call('pexpire', lock, handoffms)
+    redis.call('publish', prefix .. ':wake:' .. head, key)
+    return head
+  end
+  return false
+end
+`
+
+// acquireScript: KEYS lock, fence, queue, tickets; ARGV token, replica, ttl
+// ms, Locker id, ticket ms (0: do not queue), queue ms (the queue keys'
+// PTTL, at least any ticket), queued ('1' when this Locker may have a queue
+// entry).
+//
+// Returns {1, fence} when acquired, also when this very token already holds
+// it (a resend: the TTL is set again, nothing else changes). Otherwise
+// {0, pttl, replica, reserved}: the lock is held (replica is the holder's)
+// or reserved for another waiting Locker (replica ”, reserved its id); the
+// caller's Locker is queued (or its ticket renewed; its place is kept).
+var acquireScript = redis.NewScript(`
+local cur = redis.call('hmget', KEYS[1], 'owner', 'fence', 'reserved', 'replica')
+if cur[1] == ARGV[1] then
+  redis.call('pexpire', KEYS[1], ARGV[3])
+  return {1, tonumber(cur[2])}
+end
+local t = redis.call('time')
+local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
+if cur[1] == false and (cur[3] == false or cur[3] == ARGV[4]) then
+  local fence = nowus
+  local last = tonumber(redis.call('set', KEYS[2], string.format('%.0f', fence), 'get'))
+  if last and last >= fence then
+    fence = last + 1
+    redis.call('set', KEYS[2], string.format('%.0f', fence))
+  end
+  local waiting = false
+  if cur[3] or ARGV[7] == '1' then
+    redis.call('zrem', KEYS[3], ARGV[4])
+    redis.call('zrem', KEYS[4], ARGV[4])
+    waiting = redis.call('zcard', KEYS[3]) > 0
+    if cur[3] then
+      redis.call('del', KEYS[1])
+    end
+  end
+  local f = string.format('%.0f', fence)
+  if waiting then
+    redis.call('hset', KEYS[1], 'owner', ARGV[1], 'replica', ARGV[2], 'holds', 1, 'seq', 0, 'fence', f, 'waiting', '1')
+  else
+    redis.call('hset', KEYS[1], 'owner', ARGV[1], 'replica', ARGV[2], 'holds', 1, 'seq', 0, 'fence', f)
+  end
   redis.call('pexpire', KEYS[1], ARGV[3])
   return {1, fence}
 end
-if cur[1] == ARGV[1] then
-  return {1, tonumber(cur[2])}
-end
-redis.call('hsetnx', KEYS[1], 'waiting', ARGV[4])
-return {0, redis.call('pttl', KEYS[1]), redis.call('hget', KEYS[1], 'replica') or ''}
-`)
-
-// reenterScript: KEYS lock; ARGV token, fence. Returns {holds, ”} when the
-// term still holds the lock, else {0, replica of the current owner or ”}.
-var reenterScript = redis.NewScript(`
-local cur = redis.call('hmget', KEYS[1], 'owner', 'fence', 'replica')
-if cur[1] == ARGV[1] and cur[2] == ARGV[2] then
-  return {redis.call('hincrby', KEYS[1], 'holds', 1), ''}
-end
-return {0, cur[3] or ''}
-`)
-
-// releaseScript: KEYS lock, channel; ARGV token, fence, locker id,
-// handoff ms. Gives up one hold: returns the holds left (0: the lock is
-// gone), or -1 when the term no longer holds the lock (nothing is touched).
-// When a contender waited, the last hold also publishes a release message
-// and, if the first contender was another Locker, leaves the key reserved
-// for that Locker for the handoff time, so that the releasing process
-// cannot barge back in ahead of processes that waited (no cross-process
-// starvation).
-var releaseScript = redis.NewScript(`
-local cur = redis.call('hmget', KEYS[1], 'owner', 'fence', 'waiting', 'holds')
-if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] then
-  return -1
-end
-if cur[4] ~= '1' then
-  local holds = redis.call('hincrby', KEYS[1], 'holds', -1)
-  if holds > 0 then
-    return holds
+if ARGV[5] ~= '0' then
+  local nowms = math.floor(nowus / 1000)
+  redis.call('zadd', KEYS[3], 'NX', nowus, ARGV[4])
+  redis.call('zadd', KEYS[4], nowms + tonumber(ARGV[5]), ARGV[4])
+  redis.call('pexpire', KEYS[3], ARGV[6])
+  redis.call('pexpire', KEYS[4], ARGV[6])
+  if cur[1] then
+    redis.call('hsetnx', KEYS[1], 'waiting', '1')
   end
+end
+return {0, redis.call('pttl', KEYS[1]), cur[4] or '', cur[3] or ''}
+`)
+
+// holdsScript: KEYS lock; ARGV token, fence, holds, seq. Sets the hold
+// count a reentry or a release that is not the last one leaves, unless an
+// operation with a higher seq already set it (a late resend). Returns
+// {1, ”} when the term still holds the lock, else {0, replica of the
+// current holder or ”} (nothing is touched).
+var holdsScript = redis.NewScript(`
+local cur = redis.call('hmget', KEYS[1], 'owner', 'fence', 'seq', 'replica')
+if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] then
+  return {0, cur[4] or ''}
+end
+if tonumber(ARGV[4]) > (tonumber(cur[3]) or 0) then
+  redis.call('hset', KEYS[1], 'holds', ARGV[3], 'seq', ARGV[4])
+end
+return {1, ''}
+`)
+
+// releaseScript: KEYS lock, queue, tickets, ended; ARGV token, fence (”:
+// drop whatever term this token holds, leaving no ended marker: the
+// clean-up of a lock nobody holds any more), ended ms, handoff ms, prefix,
+// key. Ends the term: deletes the lock, marks the term ended, and if a
+// contender queued during the term, reserves the lock for the oldest live
+// waiting Locker and wakes it.
+//
+// Returns {1, Locker id or ”} when this call or an earlier send of it ended
+// the term (the id is whom the lock is now reserved for), {0, ”} when the
+// term no longer holds the lock (nothing is touched).
+var releaseScript = redis.NewScript(handoffLua + `
+local cur = redis.call('hmget', KEYS[1], 'owner', 'fence', 'waiting')
+if cur[1] ~= ARGV[1] or (ARGV[2] ~= '' and cur[2] ~= ARGV[2]) then
+  if ARGV[2] ~= '' and redis.call('get', KEYS[4]) == ARGV[1] then
+    return {1, ''}
+  end
+  return {0, ''}
+end
+if ARGV[2] ~= '' then
+  redis.call('set', KEYS[4], ARGV[1], 'px', ARGV[3])
 end
 redis.call('del', KEYS[1])
 if cur[3] then
-  if cur[3] ~= ARGV[3] then
-    redis.call('hset', KEYS[1], 'reserved', cur[3])
-    redis.call('pexpire', KEYS[1], ARGV[4])
-  end
-  redis.call('publish', KEYS[2], ARGV[2])
+  return {1, handoff(KEYS[1], KEYS[2], KEYS[3], ARGV[4], ARGV[5], ARGV[6]) or ''}
 end
-return 0
+return {1, ''}
+`)
+
+// leaveScript: KEYS lock, queue, tickets; ARGV Locker id, handoff ms,
+// prefix, key. The Locker stops waiting for the key: its queue entry goes,
+// and a reservation made for it passes to the next live waiting Locker (or
+// is dropped). Returns the Locker id the lock is now reserved for, or ”.
+var leaveScript = redis.NewScript(handoffLua + `
+redis.call('zrem', KEYS[2], ARGV[1])
+redis.call('zrem', KEYS[3], ARGV[1])
+local cur = redis.call('hmget', KEYS[1], 'owner', 'reserved')
+if cur[1] == false and cur[2] == ARGV[1] then
+  redis.call('del', KEYS[1])
+  return handoff(KEYS[1], KEYS[2], KEYS[3], ARGV[2], ARGV[3], ARGV[4]) or ''
+end
+return ''
 `)
 
 // renewScript: KEYS lock; ARGV token, fence, ttl ms. Returns 1 when the term

@@ -1,0 +1,59 @@
+package billrun
+
+import (
+	"cmp"
+	"context"
+	"log/slog"
+	"time"
+)
+
+// Config tunes the bill-run Worker. Zero fields take the deployment's
+// configuration where it has the setting, else the defaults named here.
+type Config struct {
+	// BatchSize is ACTIVE subscribers per batch transaction.
+	// COORDINATOR_BILLRUN_BATCH_SIZE, default 1000.
+	BatchSize int
+	// Workers is how many batch transactions run at once. The pool needs
+	// Workers+1 connections (the planner takes one briefly).
+	// COORDINATOR_BILLRUN_WORKERS, default 4.
+	Workers int
+	// MaxBatchAttempts bounds the tries of one batch that meets transient
+	// errors (lost connection, admin shutdown, serialization failure) or an
+	// escaped unique violation. Default 5.
+	MaxBatchAttempts int
+	// RetryBackoff is the delay before a batch's second try; it doubles per
+	// try, capped at 32x. Default 200ms.
+	RetryBackoff time.Duration
+	// IdleInTransactionTimeout bounds how long a batch transaction may sit
+	// idle holding the bill_runs row FOR SHARE (a paused process): after it,
+	// Postgres ends the session, so a new owner's claim is not blocked for
+	// longer. Default 10s.
+	IdleInTransactionTimeout time.Duration
+	// ConflictSample is the most subscriber ids a billrun.invoice_conflict
+	// event lists. Default 20.
+	ConflictSample int
+	// Logger gets the run's log lines. Default: the deployment's.
+	Logger *slog.Logger
+	// Metrics records the coordinator_billrun_ series. Default: new ones
+	// on the deployment's registerer.
+	Metrics *Metrics
+
+	// beforeBatch is a test seam (export_test.go, and binaries built with
+	// -tags testhooks): it runs in the worker before each batch transaction,
+	// under the run's context. An error that is not the context's fails the
+	// run.
+	beforeBatch func(ctx context.Context, firstID, lastID int64) error
+}
+
+func (c Config) withDefaults() Config {
+	c.BatchSize = max(cmp.Or(c.BatchSize, 1000), 1)
+	c.Workers = max(cmp.Or(c.Workers, 4), 1)
+	c.MaxBatchAttempts = max(cmp.Or(c.MaxBatchAttempts, 5), 1)
+	c.RetryBackoff = cmp.Or(c.RetryBackoff, 200*time.Millisecond)
+	c.IdleInTransactionTimeout = cmp.Or(c.IdleInTransactionTimeout, 10*time.Second)
+	c.ConflictSample = cmp.Or(c.ConflictSample, 20)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}

@@ -1,0 +1,190 @@
+package billrun
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/owned"
+)
+
+// Topic is the contract's Kafka trigger topic: key = period, value
+// {"period":"2026-11","request_id":"...","requested_by":"..."}.
+const Topic = "billing.billrun.requested"
+
+// Reasons a bill-run trigger is rejected (besides owned's shared ones).
+const (
+	ReasonMissingPeriod = "missing_period"
+	ReasonBadPeriod     = "bad_period"
+	ReasonKeyMismatch   = "key_mismatch"
+)
+
+// Kind is the bill-run kind of owned run. Params are a Period.
+type Kind struct {
+	cfg Config
+}
+
+// New returns the bill-run kind. Zero fields of cfg are taken from the
+// deployment's configuration at Open (batch size, workers), then from the
+// defaults named on Config.
+func New(cfg Config) *Kind { return &Kind{cfg: cfg} }
+
+var (
+	_ owned.Kind        = (*Kind)(nil)
+	_ owned.StatusKind  = (*Kind)(nil)
+	_ owned.RecordKeyed = (*Kind)(nil)
+)
+
+// Spec: `coordinator run billrun`, billing.billrun.requested, POST
+// /v1/billruns (202 once claimed) and GET /v1/billruns/{period}.
+func (*Kind) Spec() owned.Spec {
+	return owned.Spec{
+		Name: JobName, Summary: "bill a closed period's ACTIVE subscribers in fenced batches",
+		Usage: "--period YYYY-MM", Topic: Topic, HTTPPath: "/v1/billruns", HTTPAsync: true,
+	}
+}
+
+// maxPeriodLen bounds what a rejection echoes of a period.
+const maxPeriodLen = 32
+
+// Decode reads {"period":"YYYY-MM"}. The value is authoritative; an empty
+// Kafka key is accepted, but a key naming another period is rejected
+// (key_mismatch) rather than guessed at: the producer is confused, and
+// records keyed by one period but meaning another would break per-period
+// ordering on the partition.
+func (*Kind) Decode(in owned.Input) (owned.Params, error) {
+	var w struct {
+		Period *string `json:"period"`
+	}
+	if err := in.Decode(&w); err != nil {
+		return nil, err
+	}
+	if w.Period == nil || *w.Period == "" {
+		return nil, owned.Reject(ReasonMissingPeriod, `"period" is required (want {"period":"YYYY-MM"})`)
+	}
+	if len(*w.Period) > maxPeriodLen {
+		return nil, owned.Reject(ReasonBadPeriod, "period is %d bytes: want YYYY-MM, e.g. 2026-11", len(*w.Period))
+	}
+	p, err := ParsePeriod(*w.Period)
+	if err != nil {
+		return nil, owned.Reject(ReasonBadPeriod, "%s", owned.RejectionOf(err).Detail)
+	}
+	if len(in.Key) > 0 && string(in.Key) != p.String() {
+		return nil, owned.Reject(ReasonKeyMismatch, "record key %q does not match period %q", clip(in.Key), p.String())
+	}
+	return p, nil
+}
+
+// Encode is the record keyed by the period.
+func (*Kind) Encode(p owned.Params) ([]byte, map[string]any) {
+	s := p.(Period).String()
+	return []byte(s), map[string]any{"period": s}
+}
+
+// Flags: --period, required.
+func (*Kind) Flags(fs *flag.FlagSet) func([]string) (owned.Params, error) {
+	period := fs.String("period", "", "billing period YYYY-MM, 2000-01..2999-12 (required)")
+	return func(args []string) (owned.Params, error) {
+		if len(args) > 0 {
+			return nil, job.BadInput("unexpected arguments %q", args)
+		}
+		if *period == "" {
+			return nil, job.BadInput("--period is required (YYYY-MM, e.g. 2026-11)")
+		}
+		p, err := ParsePeriod(*period)
+		if err != nil {
+			return nil, err
+		}
+		return p, nil
+	}
+}
+
+// LockKey is billrun:P.
+func (*Kind) LockKey(p owned.Params) string { return LockKey(p.(Period)) }
+
+// StatusID is the period: GET /v1/billruns/2026-11.
+func (*Kind) StatusID(p owned.Params) string { return p.(Period).String() }
+
+// LockKeyOfRecord reads the period a record is keyed by.
+func (*Kind) LockKeyOfRecord(key []byte) (string, bool) {
+	p, err := ParsePeriod(string(key))
+	if err != nil {
+		return "", false
+	}
+	return LockKey(p), true
+}
+
+// Open builds the Worker. The pool needs Workers+1 connections.
+func (k *Kind) Open(d owned.Deps) (owned.Worker, error) {
+	cfg := k.cfg
+	if cfg.BatchSize == 0 {
+		cfg.BatchSize = d.Config.BillrunBatchSize
+	}
+	if cfg.Workers == 0 {
+		cfg.Workers = d.Config.BillrunWorkers
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = d.Log
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(d.Registerer)
+	}
+	cfg = cfg.withDefaults()
+	return &Worker{pool: d.DB, cfg: cfg, schedule: d.Config.BillrunSchedule}, nil
+}
+
+// Worker runs bill runs: one owner per period, fenced batch transactions,
+// resume from committed batches. See the package doc.
+type Worker struct {
+	pool     *pgxpool.Pool
+	cfg      Config
+	schedule string
+}
+
+var (
+	_ owned.Claimer      = (*Worker)(nil)
+	_ owned.Scheduler    = (*Worker)(nil)
+	_ owned.StatusReader = (*Worker)(nil)
+	_ owned.Observer     = (*Worker)(nil)
+)
+
+// Schedule is COORDINATOR_BILLRUN_SCHEDULE (empty: off).
+func (w *Worker) Schedule() string { return w.schedule }
+
+// Tick bills the month before the tick's.
+func (w *Worker) Tick(at time.Time) (owned.Params, error) {
+	p := PeriodOf(at).Previous()
+	if !p.Valid() {
+		return nil, job.BadInput("the month before %s is outside %d-01..%d-12", at.Format("2006-01"), MinYear, MaxYear)
+	}
+	return p, nil
+}
+
+// Status answers GET /v1/billruns/{period}.
+func (w *Worker) Status(ctx context.Context, id string) (any, error) {
+	p, err := ParsePeriod(id)
+	if err != nil {
+		return nil, err
+	}
+	st, err := ReadStatus(ctx, w.pool, p)
+	if errors.Is(err, ErrNotFound) {
+		return nil, fmt.Errorf("%w: %w", owned.ErrNotFound, err)
+	}
+	return st, err
+}
+
+// Observe feeds coordinator_billrun_runs_total.
+func (w *Worker) Observe(res job.Result) { w.cfg.Metrics.outcome(res.Outcome) }
+
+// clip shortens b for an error message.
+func clip(b []byte) string {
+	if len(b) > 64 {
+		return string(b[:64]) + "..."
+	}
+	return string(b)
+}

@@ -1,0 +1,70 @@
+package billrun_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/telco-platform/coordinator/internal/billrun"
+	"github.com/telco-platform/coordinator/internal/owned"
+	"github.com/telco-platform/coordinator/internal/ownership"
+)
+
+// pausingLocker hands out its inner Locker's leases only when the test lets
+// it: the holder is "paused" between taking the lock and claiming the run
+// (a GC pause, SIGSTOP, a failover that loses its lock meanwhile).
+type pausingLocker struct {
+	ownership.Locker
+	acquired chan ownership.Lease
+	resume   chan struct{}
+}
+
+func (p *pausingLocker) Acquire(ctx context.Context, key string, lease time.Duration) (ownership.Lease, error) {
+	le, err := p.Locker.Acquire(ctx, key, lease)
+	if err == nil {
+		p.acquired <- le
+		<-p.resume
+	}
+	return le, err
+}
+
+// A stale holder cannot take a run from a newer one: the claim refuses a
+// lock fence below the lock_fence the period's row recorded.
+func TestClaimRefusesAnOlderLockFence(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.seed(t, billrun.SeedConfig{Subscribers: 100})
+	ctx := context.Background()
+
+	paused := &pausingLocker{Locker: b.locker, acquired: make(chan ownership.Lease, 1), resume: make(chan struct{})}
+	staleDone := make(chan *owned.Owned, 1)
+	go func() {
+		c, _ := b.runnerWith(paused, "", billrun.Config{}).Claim(ctx, period, trig())
+		staleDone <- c
+	}()
+	stale := <-paused.acquired
+
+	// Meanwhile A's lock was lost (another process's Locker): B takes it,
+	// with a higher fence, and claims.
+	other := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "replica-b"})
+	defer other.Close()
+	fresh, res := b.runnerWith(other, "", billrun.Config{}).Claim(ctx, period, trig())
+	require.NotNil(t, fresh, res.Error)
+	claimed, err := b.runner(billrun.Config{}).Status(ctx, period)
+	require.NoError(t, err)
+	require.Greater(t, claimed.LockFence, stale.Fence())
+
+	close(paused.resume) // A wakes and claims with its older lock fence
+	staleClaim := <-staleDone
+	require.Nil(t, staleClaim, "a claim under an older lock fence took the run from the newer holder")
+	st, err := b.runner(billrun.Config{}).Status(ctx, period)
+	require.NoError(t, err)
+	require.Equal(t, "replica-b", st.Owner)
+	require.Equal(t, claimed.LockFence, st.LockFence, "the row still carries the newer holder's lock fence")
+
+	res = fresh.Execute(ctx)
+	require.Equal(t, "completed", string(res.Outcome), res.Error)
+	b.requireExactlyOnce(t, period)
+}

@@ -1,0 +1,255 @@
+package billrun
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/telco-platform/coordinator/internal/events"
+	"github.com/telco-platform/coordinator/internal/owned"
+	"github.com/telco-platform/coordinator/internal/ownership"
+)
+
+// Counts keys of a bill run's Result.
+const (
+	CountSubscribers      = "subscribers"       // ACTIVE subscribers in the batches this run committed
+	CountInvoicesCreated  = "invoices_created"  // invoices this run inserted
+	CountAlreadyInvoiced  = "already_invoiced"  // subscribers this run found already invoiced for the period
+	CountBatchesTotal     = "batches_total"     // skipped + planned by this run
+	CountBatchesSkipped   = "batches_skipped"   // committed by earlier runs of the period (resume)
+	CountBatchesCommitted = "batches_committed" // committed by this run
+	CountBatchesRetried   = "batches_retried"   // batch tries that failed and were tried again
+	CountUniqueViolations = "unique_violations" // 23505 errors that escaped ON CONFLICT
+	// Period totals over every run of the period, read from bill_runs at the end.
+	CountPeriodBatches         = "period_batches"
+	CountPeriodSubscribers     = "period_subscribers"
+	CountPeriodInvoicesCreated = "period_invoices_created"
+	CountPeriodAlreadyInvoiced = "period_already_invoiced"
+)
+
+// Lost reasons, in the data of ownership.lost.
+const (
+	ReasonLeaseLost = owned.ReasonLeaseLost // the Redis lease ended (renewal failed or found the lock gone)
+	ReasonFenceLost = "fence_lost"          // a newer claim took the bill_runs row
+	ReasonShutdown  = owned.ReasonShutdown  // the run's caller shut down
+)
+
+// finishTimeout bounds ending a run (marking it COMPLETED, FAILED or
+// INTERRUPTED), retries included.
+const finishTimeout = 15 * time.Second
+
+// execution is one claimed run of a period.
+type execution struct {
+	retrier
+	pool   *pgxpool.Pool
+	period Period
+	fence  int64
+	run    *owned.Run
+}
+
+// runState aggregates a run's progress across workers.
+type runState struct {
+	mu               sync.Mutex
+	committed        int64
+	planned          int64
+	retried          int64
+	subscribers      int64
+	created          int64
+	already          int64
+	uniqueViolations int64
+	sample           []int64
+	phase            map[string]time.Duration
+}
+
+func (s *runState) addPhase(name string, d time.Duration) {
+	s.mu.Lock()
+	s.phase[name] += d
+	s.mu.Unlock()
+}
+
+func (s *runState) committedBatch(out batchOut, sampleSize int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.committed++
+	s.subscribers += out.subscribers
+	s.created += out.created
+	s.already += out.subscribers - out.created
+	if room := sampleSize - len(s.sample); room > 0 {
+		s.sample = append(s.sample, out.sample[:min(room, len(out.sample))]...)
+	}
+}
+
+// Run bills the claimed period: plan, run the batches, end the bill_runs
+// row under the fence. ctx cancelled (shutdown) or the lease lost: no new
+// batch starts, in-flight ones roll back, the row is marked INTERRUPTED
+// while the fence is still ours, and the error is lost. A batch that keeps
+// failing: the row is FAILED with last_error and the error says why.
+// Otherwise COMPLETED, and the counts carry the period's totals.
+func (w *Worker) Run(ctx context.Context, run *owned.Run, params owned.Params) (owned.Report, error) {
+	x := &execution{retrier: retrier{cfg: w.cfg, log: run.Log()}, pool: w.pool, period: params.(Period), fence: run.Fence(), run: run}
+	w.cfg.Metrics.running(1)
+	defer w.cfg.Metrics.running(-1)
+
+	if sabotaged { // chaos_sabotage builds only (sabotage.go): go on after the lease is lost
+		ctx = context.WithoutCancel(ctx)
+	}
+	runCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	st := &runState{phase: map[string]time.Duration{}}
+	var ranges []batchRange
+	err := x.retry(runCtx, "load_committed", func(ctx context.Context) error {
+		var err error
+		ranges, err = x.committedRanges(ctx)
+		return err
+	})
+	if err != nil && runCtx.Err() == nil {
+		cancel(err)
+	}
+
+	var (
+		wg      sync.WaitGroup
+		planned atomic.Bool // the planner walked every ACTIVE id
+	)
+	if runCtx.Err() == nil {
+		batches := make(chan batchRange, x.cfg.Workers)
+		wg.Go(func() {
+			defer close(batches)
+			err := x.plan(runCtx, ranges, batches, st)
+			planned.Store(err == nil)
+			if err != nil && runCtx.Err() == nil {
+				cancel(fmt.Errorf("billrun: plan batches: %w", err))
+			}
+		})
+		for range x.cfg.Workers {
+			wg.Go(func() { x.work(runCtx, cancel, batches, st) })
+		}
+		wg.Wait()
+	}
+
+	skipped := int64(len(ranges))
+	st.mu.Lock()
+	counts := map[string]int64{
+		CountSubscribers:      st.subscribers,
+		CountInvoicesCreated:  st.created,
+		CountAlreadyInvoiced:  st.already,
+		CountBatchesTotal:     skipped + st.planned,
+		CountBatchesSkipped:   skipped,
+		CountBatchesCommitted: st.committed,
+		CountBatchesRetried:   st.retried,
+		CountUniqueViolations: st.uniqueViolations,
+	}
+	// Every planned batch committed under our fence: the work is done, even
+	// if the lease ended or shutdown began after the last commit (Postgres,
+	// not the lease, proved each commit; the final update is fenced too).
+	allDone := planned.Load() && st.committed == st.planned
+	sample := append([]int64(nil), st.sample...)
+	phases := make([]any, 0, 2*len(st.phase))
+	for k, v := range st.phase {
+		phases = append(phases, k+"_ms", v.Milliseconds())
+	}
+	st.mu.Unlock()
+	x.cfg.Metrics.batch("skipped", int(skipped))
+
+	runErr := x.verdict(allDone, context.Cause(runCtx))
+	if counts[CountAlreadyInvoiced] > 0 {
+		run.Emit(ctx, events.BillrunInvoiceConflict, map[string]any{
+			CountAlreadyInvoiced: counts[CountAlreadyInvoiced],
+			"sample":             sample,
+		})
+	}
+	runErr = x.end(ctx, runErr, counts)
+
+	logArgs := append([]any{"error", runErr, "batches_committed", counts[CountBatchesCommitted], "batches_skipped", skipped,
+		"invoices_created", counts[CountInvoicesCreated], "already_invoiced", counts[CountAlreadyInvoiced]}, phases...)
+	level := slog.LevelInfo
+	if runErr != nil {
+		level = slog.LevelWarn
+	}
+	x.log.Log(ctx, level, "billrun_batches_done", logArgs...)
+	return owned.Report{Counts: counts}, runErr
+}
+
+// verdict says how the batches ended: nil (all committed), a lost error
+// with its reason, or the error that failed the run.
+func (x *execution) verdict(allDone bool, cause error) error {
+	switch {
+	case allDone:
+		return nil
+	case cause == nil: // unreachable: workers stop early only after a cancel
+		return errors.New("billrun: batches left undone")
+	case errors.Is(x.run.Lease().Err(), ownership.ErrLeaseLost):
+		return owned.Lost(ReasonLeaseLost, nil)
+	case errors.Is(cause, errFenceLost):
+		return owned.Lost(ReasonFenceLost, nil)
+	case errors.Is(cause, owned.ErrShutdown):
+		return owned.Lost(ReasonShutdown, nil)
+	}
+	return cause
+}
+
+// end marks the bill_runs row under the fence: COMPLETED (adding the
+// period's totals to counts), INTERRUPTED for a lost run, FAILED with
+// last_error. It needs Postgres even when ctx is gone. It returns the run's
+// final error: a COMPLETED that finds the fence superseded is lost.
+func (x *execution) end(ctx context.Context, runErr error, counts map[string]int64) error {
+	endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+	defer cancel()
+	var lost *owned.LostError
+	switch {
+	case runErr == nil:
+		totals, ok, err := x.finish(endCtx, StatusCompleted, nil)
+		switch {
+		case err != nil:
+			runErr = fmt.Errorf("billrun: mark COMPLETED: %w", err)
+		case !ok:
+			return owned.Lost(ReasonFenceLost, nil)
+		default:
+			for k, v := range totals {
+				counts[k] = v
+			}
+			return nil
+		}
+	case errors.As(runErr, &lost):
+		msg := "interrupted: " + lost.Reason
+		if _, _, err := x.finish(endCtx, StatusInterrupted, &msg); err != nil {
+			x.log.Warn("billrun_mark_interrupted_failed", "err", err)
+		}
+		return runErr
+	}
+	msg := runErr.Error()
+	if _, ok, err := x.finish(endCtx, StatusFailed, &msg); err != nil || !ok {
+		x.log.Warn("billrun_mark_failed_failed", "err", err, "fence_ours", ok)
+	}
+	return runErr
+}
+
+// finish ends the run under the fence. ok false: the fence is no longer
+// ours. Transient errors are retried until ctx ends: the row's status is
+// worth waiting for (a Postgres restart), and ctx bounds the wait.
+func (x *execution) finish(ctx context.Context, status string, lastError *string) (map[string]int64, bool, error) {
+	var batches, subs, created, already int64
+	ok := true
+	err := x.retryUntil(ctx, "finish", func(ctx context.Context) error {
+		err := x.pool.QueryRow(ctx, sqlFinish, x.period.String(), x.fence, status, lastError).
+			Scan(&batches, &subs, &created, &already)
+		if errors.Is(err, pgx.ErrNoRows) {
+			ok = false
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	return map[string]int64{
+		CountPeriodBatches: batches, CountPeriodSubscribers: subs,
+		CountPeriodInvoicesCreated: created, CountPeriodAlreadyInvoiced: already,
+	}, ok, nil
+}

@@ -1,0 +1,25 @@
+//go:build testhooks
+
+package billrun
+
+import (
+	"context"
+	"time"
+)
+
+// SetBatchDelay makes every batch wait d before its transaction starts, so
+// process tests (kill -9 mid-run, SIGSTOP of the owner, shutdown mid-run)
+// catch a run in the middle. It exists only in binaries built with -tags
+// testhooks; call it before the kind is opened.
+func (k *Kind) SetBatchDelay(d time.Duration) {
+	k.cfg.beforeBatch = func(ctx context.Context, _, _ int64) error {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}

@@ -1,0 +1,68 @@
+// Package owned is the extension point for kinds of owned runs: what a kind
+// is (Kind), the kinds a process serves (Registry), and the one template
+// that runs every kind (Runner). A kind does its work; the template does the
+// rest the same way for all of them; transports (Kafka, cron, HTTP, the CLI)
+// iterate over the Registry and never name a kind.
+//
+// # A kind
+//
+// A Kind is static: its Spec (name, CLI command, Kafka topic, HTTP path),
+// how a trigger becomes Params (Decode for Kafka records and HTTP bodies,
+// Flags for the CLI, Encode for `coordinator trigger`), and its LockKey.
+// Open gives its Worker for one deployment (Postgres pool, configuration);
+// the Worker's Run does the work. Optional interfaces add what some kinds
+// need: Leaser (explicit lease, minimum hold), Claimer (a fenced claim in
+// the kind's store), Scheduler (a cron spec), StatusKind and StatusReader
+// (GET HTTPPath/{id}), Observer (metrics of its own), RecordKeyed.
+//
+// The kind's name is its entry in the registry of lock-key namespaces:
+// kind "billrun" locks "billrun:2026-11", and no other kind may lock under
+// "billrun:". The Registry refuses two kinds with one name, command, topic
+// or path; the Runner refuses a key outside the kind's namespace.
+//
+// # A run
+//
+//	Begin:   acquire key ──✗──▶ already_owned (owner named) | unavailable | failed    (nothing ran)
+//	           │ ownership.acquired
+//	           ▼
+//	         Claim (Claimer) ──✗──▶ already_completed | lost | failed    (released)
+//	           │ the claim's fence on every later event
+//	           ▼
+//	Execute: Worker.Run under the lease ──▶ completed | lost | failed
+//	           │ run.completed | ownership.lost | run.failed, with the Report's counts
+//	           ▼
+//	         release (at acquired + MinHold, if later) ── ownership.released
+//
+// Begin and Execute are separate so that an HTTP caller can answer 202
+// once the run is owned and claimed; Run is both. The work's context is the
+// lease's (cancelled when the lease is lost), also cancelled with cause
+// ErrShutdown when the caller's context ends.
+//
+// # What happens on failure
+//
+//   - Lock contended: already_owned naming the owner (exit 75); the other
+//     replica's lock is untouched; nothing runs.
+//   - Lock backend unreachable or the wait budget spent: unavailable (exit
+//     69), fail closed; a Kafka trigger is retried, not committed.
+//   - The work returns an error: failed (exit 1); the lock is released.
+//   - The lease is lost mid-run, or the caller shuts down: the kind stops at
+//     its next checkpoint; lost (exit 76) with reason lease_lost or
+//     shutdown (or the kind's own, through Lost); a Kafka trigger is not
+//     committed, so a redelivery resumes. A lease still held is released.
+//     An error that comes back after the work's context was cancelled is
+//     taken as lost: the safe side, since lost is redelivered and failed is
+//     not.
+//   - The work finished although its context was cancelled meanwhile (every
+//     step committed under a fence): completed, as the kind says.
+//   - Release fails: logged; the lock expires with its TTL.
+//
+// # Where the next pieces slot in
+//
+// The template owns the outcome mapping (classify), the events (Run.send)
+// and the phases (acquire, Claim, Run, release), and hands each kind a *Run:
+// a resumer re-runs incomplete runs through Runner.Run with its own
+// job.Source and classifies outcomes where classify does; progress reporting
+// becomes a method of Run that the template turns into logs, status and
+// gauges; the requester (job.Trigger.RequestedBy) reaches every event from
+// Run.send; tracing spans wrap Begin's acquire and Claim and Execute's Run.
+package owned

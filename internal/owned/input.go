@@ -1,0 +1,111 @@
+package owned
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/telco-platform/coordinator/internal/job"
+)
+
+// Reasons a trigger is rejected that every kind shares: the `reason` header
+// of a dead-lettered record and the reason of its trigger.rejected event.
+// Kinds add their own (billrun's bad_period, say).
+const (
+	ReasonTooLarge      = "too_large"
+	ReasonMalformedJSON = "malformed_json"
+	ReasonBadRequestID  = "bad_request_id"
+	ReasonBadRequester  = "bad_requested_by"
+	ReasonUnknownTopic  = "unknown_topic"
+	// ReasonBadInput is the reason of a decode error that is not a
+	// *RejectError but wraps job.ErrBadInput.
+	ReasonBadInput = "bad_input"
+)
+
+// RejectError says why a trigger can never be run, however often it is
+// retried. It matches job.ErrBadInput.
+type RejectError struct {
+	// Reason is a short snake_case code (the DLQ's reason header).
+	Reason string
+	// Detail says what was wrong, naming the value.
+	Detail string
+}
+
+func (e *RejectError) Error() string { return "rejected (" + e.Reason + "): " + e.Detail }
+
+func (e *RejectError) Is(target error) bool { return target == job.ErrBadInput }
+
+// Reject builds a *RejectError.
+func Reject(reason, format string, args ...any) *RejectError {
+	return &RejectError{Reason: reason, Detail: fmt.Sprintf(format, args...)}
+}
+
+// RejectionOf returns err as a *RejectError: itself, or ReasonBadInput for
+// another error wrapping job.ErrBadInput, or ReasonMalformedJSON otherwise.
+func RejectionOf(err error) *RejectError {
+	var re *RejectError
+	if errors.As(err, &re) {
+		return re
+	}
+	reason := ReasonMalformedJSON
+	if errors.Is(err, job.ErrBadInput) {
+		reason = ReasonBadInput
+	}
+	return &RejectError{Reason: reason, Detail: strings.TrimPrefix(err.Error(), job.ErrBadInput.Error()+": ")}
+}
+
+// Input is one trigger's JSON object as a kind's Decode sees it: the fields
+// besides the envelope (request_id, requested_by), which the transport has
+// already checked.
+type Input struct {
+	// Source is where the trigger came from.
+	Source job.Source
+	// Key is the Kafka record key (nil for other sources).
+	Key []byte
+
+	fields map[string]json.RawMessage
+	strict bool
+}
+
+// NewInput is the transport's side: fields are the object's members
+// without the envelope. strict makes Decode refuse fields the kind does not
+// know (HTTP); otherwise they are ignored, so producers may add some (Kafka).
+func NewInput(src job.Source, key []byte, fields map[string]json.RawMessage, strict bool) Input {
+	return Input{Source: src, Key: key, fields: fields, strict: strict}
+}
+
+// Has reports whether the trigger has the field, null included.
+func (in Input) Has(name string) bool {
+	_, ok := in.fields[name]
+	return ok
+}
+
+// Decode fills v (a pointer to a struct with json tags) from the fields. A
+// field of the wrong type, or in strict mode one that v does not have, is a
+// *RejectError with ReasonMalformedJSON naming it.
+func (in Input) Decode(v any) error {
+	b, err := json.Marshal(in.fields)
+	if err != nil {
+		return Reject(ReasonMalformedJSON, "%v", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if in.strict {
+		dec.DisallowUnknownFields()
+	}
+	if err := dec.Decode(v); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return Reject(ReasonMalformedJSON, "field %q must be a %s, got %s", te.Field, te.Type, te.Value)
+		}
+		if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+			return Reject(ReasonMalformedJSON, "unknown field %s", name)
+		}
+		return Reject(ReasonMalformedJSON, "%v", err)
+	}
+	return nil
+}
+
+// ErrNotFound is a StatusReader's answer for an id with no run.
+var ErrNotFound = errors.New("owned: no such run")

@@ -1,0 +1,384 @@
+package owned
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/telco-platform/coordinator/internal/events"
+	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/ownership"
+)
+
+// Runner is the one owned-run template: for every kind it takes the lock,
+// claims where the kind has a claim, runs the kind's work under the lease,
+// maps what happened to an outcome, emits the ownership events, releases,
+// and records metrics. Kinds only do their work; transports only decode
+// triggers and call Run (or Begin and Execute).
+//
+// Safe for concurrent use. One per process.
+type Runner struct {
+	reg     *Registry
+	workers map[string]Worker
+	locker  ownership.Locker
+	emit    events.Emitter
+	replica string
+	log     *slog.Logger
+	m       *metrics
+}
+
+// NewRunner opens every registered kind with d (nothing is contacted) and
+// returns the template that runs them. The replica id is
+// d.Config.ReplicaID, else the Locker's owner. emit may be nil.
+func NewRunner(reg *Registry, d Deps, emit events.Emitter) (*Runner, error) {
+	if reg == nil || d.Locker == nil {
+		return nil, errors.New("owned: NewRunner needs a Registry and a Locker")
+	}
+	if emit == nil {
+		emit = events.Multi{}
+	}
+	if d.Log == nil {
+		d.Log = slog.New(slog.DiscardHandler)
+	}
+	r := &Runner{reg: reg, workers: map[string]Worker{}, locker: d.Locker, emit: emit, log: d.Log,
+		replica: d.Config.ReplicaID}
+	if r.replica == "" {
+		r.replica = d.Locker.Owner()
+	}
+	for _, k := range reg.Kinds() {
+		name := k.Spec().Name
+		w, err := k.Open(d)
+		if err != nil {
+			return nil, fmt.Errorf("owned: open kind %q: %w", name, err)
+		}
+		if _, ok := k.(StatusKind); ok {
+			if _, ok := w.(StatusReader); !ok {
+				return nil, fmt.Errorf("owned: kind %q has run ids (StatusKind) but its Worker is no StatusReader", name)
+			}
+		}
+		r.workers[name] = w
+	}
+	var err error
+	if r.m, err = newMetrics(d.Registerer); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Registry is the kinds this Runner runs.
+func (r *Runner) Registry() *Registry { return r.reg }
+
+// Replica is the id the Runner writes into results and events.
+func (r *Runner) Replica() string { return r.replica }
+
+// Worker returns the opened Worker of the kind named name (nil if none):
+// cron asks it for its Scheduler.
+func (r *Runner) Worker(name string) Worker { return r.workers[name] }
+
+// Status answers GET HTTPPath/{id} for k: ErrNotFound when k keeps no
+// run state.
+func (r *Runner) Status(ctx context.Context, k Kind, id string) (any, error) {
+	sr, ok := r.workers[k.Spec().Name].(StatusReader)
+	if !ok {
+		return nil, ErrNotFound
+	}
+	return sr.Status(ctx, id)
+}
+
+// Run is Begin and, when the run is owned, Execute: one owned run to its
+// end, under ctx.
+func (r *Runner) Run(ctx context.Context, k Kind, p Params, t job.Trigger) job.Result {
+	o, res := r.Begin(ctx, k, p, t)
+	if o == nil {
+		return res
+	}
+	return o.Execute(ctx)
+}
+
+// Owned is a run whose lock is held (and whose claim is taken). Call
+// Execute exactly once.
+type Owned struct {
+	r      *Runner
+	worker Worker
+	params Params
+	run    *Run
+	lease  Lease
+	held   ownership.Lease
+	start  time.Time
+	res    job.Result
+
+	executed atomic.Bool
+}
+
+// Fence is the claim's fence (Claimer), else the lock's.
+func (o *Owned) Fence() int64 { return o.run.fence }
+
+// Begin takes the lock on k.LockKey(p) and, for a Claimer, the claim. A nil
+// *Owned means the returned Result is final (already_owned naming the
+// owner, unavailable, already_completed, lost, failed) and its events were
+// emitted. Otherwise the Result names the owner and fence with no outcome
+// yet, and the caller must call Execute (an HTTP caller answers 202 first).
+func (r *Runner) Begin(ctx context.Context, k Kind, p Params, t job.Trigger) (*Owned, job.Result) {
+	spec := k.Spec()
+	key := k.LockKey(p)
+	o := &Owned{r: r, worker: r.workers[spec.Name], params: p, start: time.Now(),
+		res: job.Result{Job: spec.Name, Key: key, Replica: r.replica, RequestID: t.RequestID}}
+	o.run = &Run{job: spec.Name, key: key, replica: r.replica, trigger: t, emit: r.emit,
+		log: r.log.With("job", spec.Name, "lock_key", key, "request_id", t.RequestID, "trigger", string(t.Source))}
+	switch {
+	case o.worker == nil:
+		return nil, o.fail(ctx, fmt.Errorf("owned: kind %q is not registered with this Runner", spec.Name))
+	case !strings.HasPrefix(key, spec.Name+":"):
+		return nil, o.fail(ctx, fmt.Errorf("owned: kind %q locks %q, outside its namespace %q", spec.Name, key, spec.Name+":"))
+	}
+	if l, ok := o.worker.(Leaser); ok {
+		o.lease = l.Lease(p)
+	}
+
+	if !o.acquire(ctx) {
+		return nil, o.res
+	}
+	c, ok := o.worker.(Claimer)
+	if !ok {
+		return o, o.res
+	}
+	cctx, done := o.underLease(ctx)
+	fence, err := c.Claim(cctx, o.run, p)
+	cause := done()
+	if err != nil {
+		return nil, o.claimRefused(ctx, err, cause)
+	}
+	o.run.fence, o.res.Fence = fence, fence
+	o.run.log = o.run.log.With("fence", fence)
+	o.run.log.Info("run_claimed", "owner", r.replica, "lock_fence", o.run.lockFence)
+	return o, o.res
+}
+
+// acquire takes the lock; false means o.res is final.
+func (o *Owned) acquire(ctx context.Context) bool {
+	ttl := o.lease.TTL
+	if ttl > 0 && o.lease.MinHold > 0 {
+		ttl = max(ttl, holdTTL(o.lease.MinHold))
+	}
+	held, err := o.r.locker.Acquire(ctx, o.run.key, ttl)
+	if err != nil {
+		o.refused(ctx, err)
+		return false
+	}
+	o.held = held
+	o.run.lease, o.run.acquired = held, time.Now()
+	o.run.lockFence, o.run.fence = held.Fence(), held.Fence()
+	o.res.Owner, o.res.Fence = held.Owner(), held.Fence()
+	o.run.log = o.run.log.With("lock_fence", held.Fence())
+	data := map[string]any{}
+	if ttl > 0 {
+		data["lease_ms"] = ttl.Milliseconds()
+	}
+	o.run.send(ctx, events.OwnershipAcquired, held.Fence(), "", data)
+	return true
+}
+
+// holdTTL is an explicit lease long enough that its local trust deadline
+// (TTL minus the adapter's margin, TTL/20 + 2ms) falls after acquired +
+// minHold, where the deferred release runs.
+func holdTTL(minHold time.Duration) time.Duration {
+	return minHold + minHold/10 + 100*time.Millisecond
+}
+
+// refused ends a run whose lock was not taken: fail closed, nothing ran.
+func (o *Owned) refused(ctx context.Context, err error) {
+	o.res.Error = err.Error()
+	code := map[string]any{"code": ownership.CodeLockAcquisitionFailed}
+	var ae *ownership.AcquireError
+	switch {
+	case errors.Is(err, ownership.ErrAlreadyOwned):
+		if errors.As(err, &ae) {
+			o.res.Owner = ae.Owner
+		}
+		code["reason"] = string(ownership.ReasonAlreadyOwned)
+		o.run.send(ctx, events.OwnershipAlreadyOwned, 0, o.res.Owner, code)
+		o.run.log.Info("run_already_owned", "owner", o.res.Owner)
+		o.end(job.OutcomeAlreadyOwned)
+	case errors.Is(err, ownership.ErrUnavailable):
+		code["reason"] = string(ownership.ReasonUnavailable)
+		code["error"] = err.Error()
+		o.run.send(ctx, events.OwnershipUnavailable, 0, "", code)
+		o.run.log.Warn("run_lock_unavailable", "error", err)
+		o.end(job.OutcomeUnavailable)
+	default: // an invalid key: a kind's bug, never retried into success
+		o.fail(ctx, err)
+	}
+}
+
+// fail ends a run that never held its lock as failed.
+func (o *Owned) fail(ctx context.Context, err error) job.Result {
+	o.res.Error = err.Error()
+	o.run.send(ctx, events.RunFailed, 0, "", map[string]any{"error": o.res.Error})
+	o.run.log.Error("run_failed", "error", err)
+	return o.end(job.OutcomeFailed)
+}
+
+// claimRefused ends a run whose claim was not taken: already completed,
+// lost, or failed. The lock is released.
+func (o *Owned) claimRefused(ctx context.Context, err, cause error) job.Result {
+	var ce *CompletedError
+	if errors.As(err, &ce) {
+		o.res.Owner, o.res.Fence, o.res.Counts = ce.Owner, ce.Fence, ce.Counts
+		o.run.send(ctx, events.RunAlreadyCompleted, ce.Fence, ce.Owner, countsData(ce.Counts, nil))
+		o.run.log.Info("run_already_completed", "owner", ce.Owner, "fence", ce.Fence)
+		o.release(ctx)
+		return o.end(job.OutcomeAlreadyCompleted)
+	}
+	outcome := o.settle(ctx, Report{}, err, cause)
+	return o.end(outcome)
+}
+
+// underLease derives the context work runs under: cancelled when the lease
+// ends, and with cause ErrShutdown when ctx does. done stops the link and
+// returns the cause, if any.
+func (o *Owned) underLease(ctx context.Context) (context.Context, func() error) {
+	wctx, cancel := context.WithCancelCause(o.held.Context())
+	stop := context.AfterFunc(ctx, func() { cancel(ErrShutdown) })
+	return wctx, func() error {
+		stop()
+		cause := context.Cause(wctx)
+		cancel(nil)
+		return cause
+	}
+}
+
+// Execute runs the kind's work under the lease, ends the run and releases
+// the lock (after the minimum hold, when the kind has one). ctx cancelled
+// or the lease lost: the kind stops at its next checkpoint and the outcome
+// is lost. A second call returns a failed Result and does nothing.
+func (o *Owned) Execute(ctx context.Context) job.Result {
+	if !o.executed.CompareAndSwap(false, true) {
+		res := o.res
+		res.Outcome, res.Error = job.OutcomeFailed, "owned: Execute called twice"
+		return res
+	}
+	o.r.m.running(o.run.job, 1)
+	defer o.r.m.running(o.run.job, -1)
+	wctx, done := o.underLease(ctx)
+	rep, err := o.worker.Run(wctx, o.run, o.params)
+	cause := done()
+	return o.end(o.settle(ctx, rep, err, cause))
+}
+
+// settle maps what the work returned to an outcome, emits the run's last
+// event and releases the lock.
+func (o *Owned) settle(ctx context.Context, rep Report, err, cause error) job.Outcome {
+	o.res.Counts = rep.Counts
+	outcome, reason := o.classify(err, cause)
+	data := countsData(rep.Counts, rep.Data)
+	switch outcome {
+	case job.OutcomeCompleted:
+		o.run.send(ctx, events.RunCompleted, o.run.fence, "", data)
+	case job.OutcomeLost:
+		o.res.Error = "ownership lost: " + reason
+		if err != nil && !errors.Is(err, ErrLost) {
+			o.res.Error += ": " + err.Error()
+		} else if err != nil {
+			o.res.Error = err.Error()
+		}
+		data["reason"] = reason
+		o.run.send(ctx, events.OwnershipLost, o.run.fence, "", data)
+	default:
+		o.res.Error = err.Error()
+		data["error"] = o.res.Error
+		o.run.send(ctx, events.RunFailed, o.run.fence, "", data)
+	}
+	o.release(ctx)
+	return outcome
+}
+
+// classify: nil is completed; a *LostError, an error caused by the lease
+// ending, or any error once the work's context was cancelled is lost (the
+// safe side: a lost trigger is redelivered, a failed one is committed);
+// the rest is failed.
+func (o *Owned) classify(err, cause error) (job.Outcome, string) {
+	var le *LostError
+	switch {
+	case err == nil:
+		return job.OutcomeCompleted, ""
+	case errors.As(err, &le):
+		return job.OutcomeLost, le.Reason
+	case errors.Is(o.held.Err(), ownership.ErrLeaseLost), errors.Is(err, ownership.ErrLeaseLost):
+		return job.OutcomeLost, ReasonLeaseLost
+	case errors.Is(cause, ErrShutdown):
+		return job.OutcomeLost, ReasonShutdown
+	case cause != nil:
+		return job.OutcomeLost, ReasonLeaseLost
+	}
+	return job.OutcomeFailed, ""
+}
+
+// release gives the lock back unless it is already gone. Before the
+// minimum hold has passed, the release is deferred to acquired + MinHold
+// (ownership.released says so at once); otherwise it happens now, under a
+// bounded context that outlives a cancelled ctx. TTL expiry is the backstop.
+func (o *Owned) release(ctx context.Context) {
+	held, log := o.held, o.run.log
+	if held.Err() != nil { // lost or run out: nothing of ours is left
+		return
+	}
+	if hold := o.lease.MinHold; hold > 0 {
+		if remaining := hold - time.Since(o.run.acquired); remaining > 0 {
+			log.Info("run_release_deferred", "min_hold", hold, "release_in", remaining)
+			o.run.send(ctx, events.OwnershipReleased, o.run.fence, "", map[string]any{"release": "after_min_hold",
+				"release_in_ms": remaining.Milliseconds(), "min_hold_ms": hold.Milliseconds()})
+			time.AfterFunc(remaining, func() {
+				relCtx, cancel := context.WithTimeout(context.Background(), ownership.ReleaseTimeout)
+				defer cancel()
+				if err := held.Release(relCtx); err != nil && !errors.Is(err, ownership.ErrNotHeld) {
+					log.Warn("run_release_failed", "error", err)
+				}
+			})
+			return
+		}
+	}
+	relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ownership.ReleaseTimeout)
+	defer cancel()
+	if err := held.Release(relCtx); err != nil {
+		if !errors.Is(err, ownership.ErrNotHeld) {
+			log.Warn("run_release_failed", "error", err)
+		}
+		return
+	}
+	o.run.send(ctx, events.OwnershipReleased, o.run.fence, "", map[string]any{"release": "delete"})
+}
+
+// end fixes the outcome, records metrics and tells an Observer.
+func (o *Owned) end(outcome job.Outcome) job.Result {
+	o.res.Outcome = outcome
+	took := time.Since(o.start)
+	o.res.DurationMS = took.Milliseconds()
+	o.r.m.ended(o.run.job, outcome, took)
+	if obs, ok := o.worker.(Observer); ok {
+		obs.Observe(o.res)
+	}
+	if outcome != job.OutcomeAlreadyOwned && outcome != job.OutcomeUnavailable {
+		level := slog.LevelInfo
+		if outcome == job.OutcomeFailed || outcome == job.OutcomeLost {
+			level = slog.LevelWarn
+		}
+		o.run.log.Log(context.Background(), level, "run_ended", "outcome", string(outcome),
+			"duration_ms", o.res.DurationMS, "error", o.res.Error)
+	}
+	return o.res
+}
+
+func countsData(counts map[string]int64, data map[string]any) map[string]any {
+	out := make(map[string]any, len(counts)+len(data)+2)
+	for k, v := range counts {
+		out[k] = v
+	}
+	for k, v := range data {
+		out[k] = v
+	}
+	return out
+}

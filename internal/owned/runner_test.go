@@ -1,0 +1,371 @@
+package owned_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/telco-platform/coordinator/internal/config"
+	"github.com/telco-platform/coordinator/internal/events"
+	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/owned"
+	"github.com/telco-platform/coordinator/internal/owned/ownedtest"
+	"github.com/telco-platform/coordinator/internal/ownership"
+	"github.com/telco-platform/coordinator/internal/ownership/redislock"
+	"github.com/telco-platform/coordinator/internal/testenv"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type bundle struct {
+	runner *owned.Runner
+	locker *ownership.MemoryLocker
+	rec    *events.Recorder
+	kind   *ownedtest.Widget
+	reg    *prometheus.Registry
+}
+
+func setup(t *testing.T, w *ownedtest.Widget) *bundle {
+	t.Helper()
+	l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "replica-a", WaitTime: 50 * time.Millisecond, WatchdogTimeout: 600 * time.Millisecond})
+	t.Cleanup(func() { _ = l.Close() })
+	return setupWith(t, w, l, l)
+}
+
+func setupWith(t *testing.T, w *ownedtest.Widget, l ownership.Locker, mem *ownership.MemoryLocker) *bundle {
+	t.Helper()
+	reg, err := owned.NewRegistry(w)
+	require.NoError(t, err)
+	b := &bundle{locker: mem, rec: &events.Recorder{}, kind: w, reg: prometheus.NewRegistry()}
+	b.runner, err = owned.NewRunner(reg, owned.Deps{Config: config.Config{ReplicaID: l.Owner()}, Locker: l, Registerer: b.reg}, b.rec)
+	require.NoError(t, err)
+	return b
+}
+
+func (b *bundle) run(ctx context.Context, n int) job.Result {
+	return b.runner.Run(ctx, b.kind, ownedtest.Params{N: n}, job.Trigger{Source: job.SourceCLI, RequestID: "req-1"})
+}
+
+func (b *bundle) requireNoLocks(t *testing.T) {
+	t.Helper()
+	locks, err := b.locker.Locks(context.Background())
+	require.NoError(t, err)
+	require.Empty(t, locks, "the lock is released on this path")
+}
+
+// Every way a kind's work can end, and what the template makes of it: the
+// outcome (and so the exit code and whether a Kafka offset is committed),
+// the events, the counts, and the lock given back.
+func TestOutcomePerErrorEventsAndRelease(t *testing.T) {
+	t.Parallel()
+	errBoom := errors.New("boom")
+	cases := []struct {
+		name     string
+		run      func(ctx context.Context, r *owned.Run, b *bundle) (owned.Report, error)
+		cancel   bool // the caller's ctx is cancelled once the work started
+		outcome  job.Outcome
+		events   []events.Type
+		reason   string
+		errorHas string
+	}{
+		{name: "nil is completed",
+			run: func(context.Context, *owned.Run, *bundle) (owned.Report, error) {
+				return owned.Report{Counts: map[string]int64{"done": 3}, Data: map[string]any{"stopped": "drained"}}, nil
+			},
+			outcome: job.OutcomeCompleted, events: []events.Type{events.OwnershipAcquired, events.RunCompleted, events.OwnershipReleased}},
+		{name: "an error is failed",
+			run: func(context.Context, *owned.Run, *bundle) (owned.Report, error) {
+				return owned.Report{Counts: map[string]int64{"done": 1}}, errBoom
+			},
+			outcome: job.OutcomeFailed, errorHas: "boom",
+			events: []events.Type{events.OwnershipAcquired, events.RunFailed, events.OwnershipReleased}},
+		{name: "bad input found late is failed",
+			run: func(context.Context, *owned.Run, *bundle) (owned.Report, error) {
+				return owned.Report{}, job.BadInput("row 7 is not a widget")
+			},
+			outcome: job.OutcomeFailed, errorHas: "row 7",
+			events: []events.Type{events.OwnershipAcquired, events.RunFailed, events.OwnershipReleased}},
+		{name: "a kind's own lost reason",
+			run: func(context.Context, *owned.Run, *bundle) (owned.Report, error) {
+				return owned.Report{Counts: map[string]int64{"done": 2}}, owned.Lost("fence_lost", nil)
+			},
+			outcome: job.OutcomeLost, reason: "fence_lost", errorHas: "fence_lost",
+			events: []events.Type{events.OwnershipAcquired, events.OwnershipLost, events.OwnershipReleased}},
+		{name: "lease lost mid-run: no release, the lock is gone",
+			run: func(ctx context.Context, r *owned.Run, b *bundle) (owned.Report, error) {
+				b.locker.DeleteLock(r.Key())
+				return owned.Report{}, waitCtx(ctx)
+			},
+			outcome: job.OutcomeLost, reason: owned.ReasonLeaseLost, errorHas: owned.ReasonLeaseLost,
+			events: []events.Type{events.OwnershipAcquired, events.OwnershipLost}},
+		{name: "shutdown mid-run releases",
+			run: func(ctx context.Context, _ *owned.Run, _ *bundle) (owned.Report, error) {
+				return owned.Report{}, waitCtx(ctx)
+			},
+			cancel:  true,
+			outcome: job.OutcomeLost, reason: owned.ReasonShutdown, errorHas: owned.ReasonShutdown,
+			events: []events.Type{events.OwnershipAcquired, events.OwnershipLost, events.OwnershipReleased}},
+		{name: "work done although shutdown began is completed",
+			run: func(ctx context.Context, _ *owned.Run, _ *bundle) (owned.Report, error) {
+				<-ctx.Done()
+				return owned.Report{}, nil // every step committed: the kind says done
+			},
+			cancel:  true,
+			outcome: job.OutcomeCompleted,
+			events:  []events.Type{events.OwnershipAcquired, events.RunCompleted, events.OwnershipReleased}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			w := &ownedtest.Widget{}
+			b := setup(t, w)
+			started := make(chan struct{})
+			w.Work = func(ctx context.Context, r *owned.Run, _ int) (owned.Report, error) {
+				close(started)
+				return tc.run(ctx, r, b)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if tc.cancel {
+				go func() { <-started; cancel() }()
+			}
+			res := b.run(ctx, 4)
+			require.Equal(t, tc.outcome, res.Outcome, res.Error)
+			require.Equal(t, "widget", res.Job)
+			require.Equal(t, "widget:4", res.Key)
+			require.Equal(t, "replica-a", res.Replica)
+			require.Equal(t, "replica-a", res.Owner)
+			require.Positive(t, res.Fence)
+			require.Equal(t, "req-1", res.RequestID)
+			if tc.errorHas != "" {
+				require.Contains(t, res.Error, tc.errorHas)
+			}
+			require.Equal(t, tc.events, types(b.rec.Events()))
+			for _, e := range b.rec.Events() {
+				require.Equal(t, "widget:4", e.Key)
+				require.Equal(t, "widget", e.Job)
+				require.Equal(t, "replica-a", e.Replica)
+				require.Equal(t, "cli", e.Trigger)
+				require.Equal(t, "req-1", e.RequestID)
+				require.Equal(t, res.Fence, e.Fence)
+				require.Equal(t, res.Fence, e.Extra["lock_fence"])
+			}
+			last := b.rec.Events()[1]
+			for k, v := range res.Counts {
+				require.Equal(t, v, last.Extra[k], "counts are in the last event")
+			}
+			if tc.reason != "" {
+				require.Equal(t, tc.reason, last.Extra["reason"])
+			}
+			if tc.outcome == job.OutcomeFailed {
+				require.Equal(t, res.Error, last.Extra["error"])
+			}
+			if tc.name == "nil is completed" {
+				require.Equal(t, map[string]int64{"done": 3}, res.Counts)
+				require.Equal(t, "drained", last.Extra["stopped"])
+			}
+			b.requireNoLocks(t)
+			require.Equal(t, []job.Result{res}, w.Results(), "the Observer sees the final result once")
+		})
+	}
+}
+
+// Another replica holds the lock: already_owned names it, nothing runs,
+// and its lock is left alone. On the real Redis adapter.
+func TestAlreadyOwnedNamesTheOwnerAndRunsNothing(t *testing.T) {
+	t.Parallel()
+	rd := testenv.Redis(t)
+	locker := func(owner string) *redislock.Locker {
+		c, err := redislock.NewClient(rd.URL, "single")
+		require.NoError(t, err)
+		l, err := redislock.New(c, redislock.Config{Prefix: rd.Prefix, Owner: owner, WaitTime: 100 * time.Millisecond})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = l.Close(); _ = c.Close() })
+		return l
+	}
+	holder := locker("replica-a")
+	held, err := holder.Acquire(context.Background(), "widget:9", 0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, held.Release(context.Background())) }()
+
+	w := &ownedtest.Widget{Name: "widget"}
+	b := setupWith(t, w, locker("replica-b"), nil)
+	res := b.run(context.Background(), 9)
+	require.Equal(t, job.OutcomeAlreadyOwned, res.Outcome)
+	require.Equal(t, job.ExitAlreadyOwned, res.Outcome.ExitCode())
+	require.Equal(t, "replica-a", res.Owner, "the result names the owner")
+	require.Equal(t, "replica-b", res.Replica)
+	require.Contains(t, res.Error, ownership.CodeLockAcquisitionFailed)
+	require.Zero(t, w.Runs(), "nothing ran")
+	require.Equal(t, []events.Type{events.OwnershipAlreadyOwned}, types(b.rec.Events()))
+	ev := b.rec.Events()[0]
+	require.Equal(t, "replica-a", ev.Owner, "the event names the owner")
+	require.Equal(t, "replica-b", ev.Replica)
+	require.Equal(t, ownership.CodeLockAcquisitionFailed, ev.Extra["code"])
+	require.Equal(t, "already_owned", ev.Extra["reason"])
+	require.Nil(t, held.Err(), "the owner's lock is untouched")
+}
+
+func TestUnavailableFailsClosed(t *testing.T) {
+	t.Parallel()
+	w := &ownedtest.Widget{}
+	b := setup(t, w)
+	b.locker.SetUnavailable(true)
+	res := b.run(context.Background(), 1)
+	require.Equal(t, job.OutcomeUnavailable, res.Outcome)
+	require.False(t, res.Outcome.Handled(), "a Kafka trigger is retried")
+	require.Zero(t, w.Runs())
+	require.Equal(t, []events.Type{events.OwnershipUnavailable}, types(b.rec.Events()))
+	require.Equal(t, "unavailable", b.rec.Events()[0].Extra["reason"])
+	require.NotEmpty(t, b.rec.Events()[0].Extra["error"])
+}
+
+func TestClaim(t *testing.T) {
+	t.Parallel()
+	t.Run("a claim's fence is on every later event", func(t *testing.T) {
+		t.Parallel()
+		w := &ownedtest.Widget{Claim: func(context.Context, *owned.Run, int) (int64, error) { return 42, nil }}
+		w.Work = func(ctx context.Context, r *owned.Run, _ int) (owned.Report, error) {
+			require.Equal(t, int64(42), r.Fence())
+			r.Emit(ctx, events.BillrunInvoiceConflict, map[string]any{"sample": []int64{1}})
+			return owned.Report{}, nil
+		}
+		b := setup(t, w)
+		o, res := b.runner.Begin(context.Background(), w, ownedtest.Params{N: 1}, job.Trigger{Source: job.SourceHTTP})
+		require.NotNil(t, o, res.Error)
+		require.Empty(t, res.Outcome, "owned and claimed, not ended")
+		require.Equal(t, int64(42), res.Fence)
+		require.Equal(t, int64(42), o.Fence())
+		res = o.Execute(context.Background())
+		require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
+		require.Equal(t, job.OutcomeFailed, o.Execute(context.Background()).Outcome, "Execute runs once")
+		evs := b.rec.Events()
+		require.Equal(t, []events.Type{events.OwnershipAcquired, events.BillrunInvoiceConflict, events.RunCompleted, events.OwnershipReleased}, types(evs))
+		lockFence := evs[0].Fence
+		for _, e := range evs[1:] {
+			require.Equal(t, int64(42), e.Fence)
+			require.Equal(t, lockFence, e.Extra["lock_fence"])
+		}
+		require.Equal(t, 1, w.Runs())
+		b.requireNoLocks(t)
+	})
+	t.Run("already completed runs nothing and names who did it", func(t *testing.T) {
+		t.Parallel()
+		w := &ownedtest.Widget{Claim: func(context.Context, *owned.Run, int) (int64, error) {
+			return 0, &owned.CompletedError{Owner: "replica-z", Fence: 7, Counts: map[string]int64{"total": 9}}
+		}}
+		b := setup(t, w)
+		res := b.run(context.Background(), 1)
+		require.Equal(t, job.OutcomeAlreadyCompleted, res.Outcome)
+		require.Equal(t, job.ExitOK, res.Outcome.ExitCode())
+		require.Equal(t, "replica-z", res.Owner)
+		require.Equal(t, int64(7), res.Fence)
+		require.Equal(t, map[string]int64{"total": 9}, res.Counts)
+		require.Zero(t, w.Runs())
+		evs := b.rec.Events()
+		require.Equal(t, []events.Type{events.OwnershipAcquired, events.RunAlreadyCompleted, events.OwnershipReleased}, types(evs))
+		require.Equal(t, "replica-z", evs[1].Owner)
+		require.Equal(t, int64(7), evs[1].Fence)
+		require.Equal(t, int64(9), evs[1].Extra["total"])
+		b.requireNoLocks(t)
+	})
+	t.Run("a failed claim is failed and releases", func(t *testing.T) {
+		t.Parallel()
+		w := &ownedtest.Widget{Claim: func(context.Context, *owned.Run, int) (int64, error) { return 0, errors.New("no table") }}
+		b := setup(t, w)
+		res := b.run(context.Background(), 1)
+		require.Equal(t, job.OutcomeFailed, res.Outcome)
+		require.Contains(t, res.Error, "no table")
+		require.Zero(t, w.Runs())
+		require.Equal(t, []events.Type{events.OwnershipAcquired, events.RunFailed, events.OwnershipReleased}, types(b.rec.Events()))
+		b.requireNoLocks(t)
+	})
+}
+
+func TestMinHoldDefersTheRelease(t *testing.T) {
+	t.Parallel()
+	const hold = 400 * time.Millisecond
+	w := &ownedtest.Widget{Lease: owned.Lease{TTL: 100 * time.Millisecond, MinHold: hold}}
+	b := setup(t, w)
+	res := b.run(context.Background(), 1)
+	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
+	rel := b.rec.OfType(events.OwnershipReleased)
+	require.Len(t, rel, 1)
+	require.Equal(t, "after_min_hold", rel[0].Extra["release"])
+	require.Equal(t, hold.Milliseconds(), rel[0].Extra["min_hold_ms"])
+	locks, err := b.locker.Locks(context.Background())
+	require.NoError(t, err)
+	require.Len(t, locks, 1, "held through the minimum hold, past the lease's own 100ms")
+	// A second trigger within the hold is told the sweep is owned.
+	require.Equal(t, job.OutcomeAlreadyOwned, b.run(context.Background(), 1).Outcome)
+	require.Eventually(t, func() bool {
+		locks, err := b.locker.Locks(context.Background())
+		return err == nil && len(locks) == 0
+	}, 10*time.Second, 10*time.Millisecond, "released by timer at acquired + MinHold")
+	require.Equal(t, job.OutcomeCompleted, b.run(context.Background(), 1).Outcome)
+}
+
+func TestLockKeyOutsideTheNamespaceFailsWithoutLocking(t *testing.T) {
+	t.Parallel()
+	w := &ownedtest.Widget{Name: "gadget"}
+	b := setup(t, w)
+	// widget's LockKey uses its name: make it lie.
+	res := b.runner.Run(context.Background(), renamed{w, "other"}, ownedtest.Params{N: 1}, job.Trigger{Source: job.SourceCLI})
+	require.Equal(t, job.OutcomeFailed, res.Outcome)
+	require.Contains(t, res.Error, "not registered")
+	b.requireNoLocks(t)
+
+	reg, err := owned.NewRegistry(liar{w})
+	require.NoError(t, err)
+	r, err := owned.NewRunner(reg, owned.Deps{Locker: b.locker}, b.rec)
+	require.NoError(t, err)
+	res = r.Run(context.Background(), liar{w}, ownedtest.Params{N: 1}, job.Trigger{Source: job.SourceCLI})
+	require.Equal(t, job.OutcomeFailed, res.Outcome)
+	require.Contains(t, res.Error, "outside its namespace")
+	require.Zero(t, w.Runs())
+	b.requireNoLocks(t)
+}
+
+// renamed is a kind the Runner was not opened with.
+type renamed struct {
+	*ownedtest.Widget
+	name string
+}
+
+func (r renamed) Spec() owned.Spec { s := r.Widget.Spec(); s.Name = r.name; return s }
+
+// liar locks a key in another kind's namespace.
+type liar struct{ *ownedtest.Widget }
+
+func (liar) LockKey(owned.Params) string { return "billrun:2026-11" }
+
+func TestRunMetrics(t *testing.T) {
+	t.Parallel()
+	w := &ownedtest.Widget{}
+	b := setup(t, w)
+	require.Equal(t, job.OutcomeCompleted, b.run(context.Background(), 1).Outcome)
+	b.locker.SetUnavailable(true)
+	require.Equal(t, job.OutcomeUnavailable, b.run(context.Background(), 1).Outcome)
+	families, err := b.reg.Gather()
+	require.NoError(t, err)
+	counts := map[string]uint64{}
+	for _, f := range families {
+		if f.GetName() != "coordinator_run_duration_seconds" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			require.Equal(t, "widget", labels["job"])
+			counts[labels["outcome"]] += m.GetHistogram().GetSampleCount()
+		}
+	}
+	require.Equal(t, map[string]uint64{"completed": 1, "unavailable": 1}, counts)
+}

@@ -1,0 +1,52 @@
+package redislock
+
+import (
+	"context"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var scriptNames = map[*redis.Script]string{
+	acquireScript: "acquire",
+	holdsScript:   "holds",
+	releaseScript: "release",
+	leaveScript:   "leave",
+	renewScript:   "renew",
+}
+
+// ScriptName names the lock script cmd runs ("acquire", "holds" (reentry,
+// and a release that is not the last), "release", "leave", "renew"), or ""
+// for any other command.
+func ScriptName(cmd redis.Cmder) string {
+	args := cmd.Args()
+	if len(args) < 2 {
+		return ""
+	}
+	name, _ := args[0].(string)
+	body, _ := args[1].(string)
+	for s, n := range scriptNames {
+		switch strings.ToLower(name) {
+		case "evalsha":
+			if body == s.Hash() {
+				return n
+			}
+		case "eval":
+			if s.Hash() == redis.NewScript(body).Hash() {
+				return n
+			}
+		}
+	}
+	return ""
+}
+
+// LoadScripts loads every lock script, so that the first EVALSHA of a test
+// finds it (no NOSCRIPT, no EVAL fallback).
+func LoadScripts(ctx context.Context, c redis.Scripter) error {
+	for s := range scriptNames {
+		if err := s.Load(ctx, c).Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}

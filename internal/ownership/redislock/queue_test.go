@@ -1,0 +1,235 @@
+package redislock_test
+
+import (
+	"bufio"
+	"context"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/telco-platform/coordinator/internal/ownership"
+	"github.com/telco-platform/coordinator/internal/ownership/redislock"
+	"github.com/telco-platform/coordinator/internal/testenv"
+)
+
+// askHook signals each script call whose first key is lockKey: the waiter
+// has asked Redis (and, having found the lock held, queued there).
+type askHook struct {
+	lockKey string
+	asked   chan struct{}
+}
+
+func (h *askHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *askHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		args := cmd.Args()
+		if len(args) > 3 && (strings.EqualFold(str(args[0]), "evalsha") || strings.EqualFold(str(args[0]), "eval")) && str(args[3]) == h.lockKey {
+			select {
+			case h.asked <- struct{}{}:
+			default:
+			}
+		}
+		return err
+	}
+}
+func (h *askHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// waitingLocker is a Locker with a client of its own (one process) whose
+// script calls on key are signalled.
+func waitingLocker(t *testing.T, url, prefix, owner, key string, wait time.Duration) (*redislock.Locker, *askHook) {
+	t.Helper()
+	client, err := redislock.NewClient(url, redislock.ModeSingle)
+	require.NoError(t, err)
+	h := &askHook{lockKey: prefix + ":{" + key + "}:lock", asked: make(chan struct{}, 64)}
+	client.AddHook(h)
+	l, err := redislock.New(client, redislock.Config{Prefix: prefix, Owner: owner, WaitTime: wait, WatchdogTimeout: 30 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = l.Close()
+		_ = client.Close()
+	})
+	return l, h
+}
+
+func waitAsked(t *testing.T, h *askHook, who string) {
+	t.Helper()
+	select {
+	case <-h.asked:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s never asked Redis", who)
+	}
+}
+
+// Waiters of different processes get the lock in the order they came, not
+// in the order their wake-ups happen to arrive.
+func TestWaitersAcrossProcessesAreServedInOrder(t *testing.T) {
+	t.Parallel()
+	const waiters = 6
+	env := testenv.Redis(t)
+	ctx := context.Background()
+	holder := newLocker(t, env.URL, redislock.ModeSingle, env.Prefix, ownershipOptions("holder", time.Second, 30*time.Second))
+	held, err := holder.Acquire(ctx, "fifo", 0)
+	require.NoError(t, err)
+
+	var mu sync.Mutex
+	var order []int
+	errs := make(chan error, waiters)
+	for i := range waiters {
+		l, h := waitingLocker(t, env.URL, env.Prefix, "w"+strconv.Itoa(i), "fifo", 30*time.Second)
+		go func() {
+			le, err := l.Acquire(ctx, "fifo", 0)
+			if err == nil {
+				mu.Lock()
+				order = append(order, i)
+				mu.Unlock()
+				err = le.Release(ctx)
+			}
+			errs <- err
+		}()
+		waitAsked(t, h, "waiter "+strconv.Itoa(i)) // queued before the next one comes
+	}
+	require.NoError(t, held.Release(ctx))
+	for range waiters {
+		require.NoError(t, <-errs)
+	}
+	require.Equal(t, []int{0, 1, 2, 3, 4, 5}, order, "served out of arrival order")
+}
+
+// wakeMonitor records every wake message under prefix.
+func wakeMonitor(t *testing.T, env *testenv.RedisEnv) (msgs <-chan *redis.Message) {
+	t.Helper()
+	ps := env.Client.PSubscribe(context.Background(), env.Prefix+":wake:*")
+	t.Cleanup(func() { _ = ps.Close() })
+	_, err := ps.Receive(context.Background()) // the subscription confirmation
+	require.NoError(t, err)
+	return ps.Channel()
+}
+
+// A release wakes one waiting Locker, the oldest, through its own channel:
+// one message, one subscriber, however many Lockers wait. A waiter that
+// gives up leaves the queue, so the next release goes straight to the next
+// one.
+func TestReleaseWakesOneWaitingLocker(t *testing.T) {
+	t.Parallel()
+	env := testenv.Redis(t)
+	ctx := context.Background()
+	msgs := wakeMonitor(t, env)
+	holder := newLocker(t, env.URL, redislock.ModeSingle, env.Prefix, ownershipOptions("holder", time.Second, 30*time.Second))
+	held, err := holder.Acquire(ctx, "one", 0)
+	require.NoError(t, err)
+
+	// w0 gives up quickly; w1..w3 wait.
+	quitter, qh := waitingLocker(t, env.URL, env.Prefix, "w0", "one", 300*time.Millisecond)
+	gaveUp := make(chan error, 1)
+	go func() { _, err := quitter.Acquire(ctx, "one", 0); gaveUp <- err }()
+	waitAsked(t, qh, "w0")
+	type result struct {
+		i  int
+		le ownership.Lease
+	}
+	got := make(chan result, 3)
+	for i := 1; i <= 3; i++ {
+		l, h := waitingLocker(t, env.URL, env.Prefix, "w"+strconv.Itoa(i), "one", 30*time.Second)
+		go func() {
+			le, err := l.Acquire(ctx, "one", 0)
+			if err != nil {
+				t.Errorf("w%d: %v", i, err)
+				return
+			}
+			got <- result{i, le}
+		}()
+		waitAsked(t, h, "w"+strconv.Itoa(i))
+	}
+	require.ErrorIs(t, <-gaveUp, ownership.ErrAlreadyOwned)
+	// w0 left the queue (its leave runs in the background): wait until the
+	// queue holds w1..w3 only.
+	require.Eventually(t, func() bool {
+		n, err := env.Client.ZCard(ctx, env.Prefix+":{one}:queue").Result()
+		return err == nil && n == 3
+	}, 5*time.Second, 10*time.Millisecond)
+
+	prev := held
+	for want := 1; want <= 3; want++ {
+		require.NoError(t, prev.Release(ctx))
+		r := <-got
+		require.Equal(t, want, r.i, "the lock went to a waiter that was not the oldest")
+		select {
+		case m := <-msgs:
+			require.Contains(t, m.Channel, ":wake:w"+strconv.Itoa(want)+":", "woke the wrong Locker")
+			require.Equal(t, "one", m.Payload)
+			n, err := env.Client.PubSubNumSub(ctx, m.Channel).Result()
+			require.NoError(t, err)
+			require.EqualValues(t, 1, n[m.Channel], "a wake channel has exactly one subscriber")
+		case <-time.After(5 * time.Second):
+			t.Fatal("no wake message")
+		}
+		select {
+		case m := <-msgs:
+			t.Fatalf("a second wake message for one release: %s", m.Channel)
+		default:
+		}
+		prev = r.le
+	}
+	require.NoError(t, prev.Release(ctx))
+}
+
+// A waiting process dies (SIGKILL) at the head of the queue: the release
+// reserves the lock for it, the reservation lapses, and the next waiter
+// gets the lock within a ticket's life, not after its own wait budget or
+// the holder's TTL.
+func TestDeadWaiterDoesNotStarveTheQueue(t *testing.T) {
+	t.Parallel()
+	env := testenv.Redis(t)
+	ctx := context.Background()
+	holder := newLocker(t, env.URL, redislock.ModeSingle, env.Prefix, ownershipOptions("holder", time.Second, 30*time.Second))
+	held, err := holder.Acquire(ctx, "dead", 0)
+	require.NoError(t, err)
+
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), envHelper+"="+strings.Join([]string{env.URL, env.Prefix, "dead", "30s", "wait"}, "|"))
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	lines := bufio.NewScanner(stdout)
+	require.True(t, lines.Scan(), "helper said nothing")
+	require.Equal(t, "queued", lines.Text())
+
+	live, h := waitingLocker(t, env.URL, env.Prefix, "live", "dead", 20*time.Second)
+	got := make(chan error, 1)
+	go func() {
+		le, err := live.Acquire(ctx, "dead", 0)
+		if err == nil {
+			err = le.Release(ctx)
+		}
+		got <- err
+	}()
+	waitAsked(t, h, "the live waiter")
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	_ = cmd.Wait()
+
+	start := time.Now()
+	require.NoError(t, held.Release(ctx))
+	select {
+	case err := <-got:
+		require.NoError(t, err)
+		t.Logf("the waiter behind a dead one got the lock %s after the release", time.Since(start))
+	case <-time.After(10 * time.Second):
+		t.Fatal("a dead waiter starved the queue")
+	}
+}

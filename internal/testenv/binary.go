@@ -1,0 +1,45 @@
+package testenv
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+)
+
+var (
+	binOnce sync.Once
+	binDir  string
+	binPath string
+	binErr  error
+)
+
+// CoordinatorBinary builds cmd/coordinator once per test process, with
+// -tags testhooks (so COORDINATOR_TEST_* hooks work), and returns its path.
+// Call RemoveBinaries when the tests are done (goleak.Cleanup in TestMain).
+func CoordinatorBinary(t testing.TB) string {
+	t.Helper()
+	binOnce.Do(func() {
+		if binDir, binErr = os.MkdirTemp("", "coordinator-bin-"); binErr != nil {
+			return
+		}
+		binPath = filepath.Join(binDir, "coordinator")
+		cmd := exec.Command("go", "build", "-tags", "testhooks", "-o", binPath, "github.com/telco-platform/coordinator/cmd/coordinator")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			binErr = fmt.Errorf("testenv: go build ./cmd/coordinator: %v: %s", err, out)
+		}
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
+	}
+	return binPath
+}
+
+// RemoveBinaries deletes what CoordinatorBinary built.
+func RemoveBinaries() {
+	if binDir != "" {
+		_ = os.RemoveAll(binDir)
+	}
+}

@@ -1,0 +1,37 @@
+package trigger_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/telco-platform/coordinator/internal/billrun"
+	"github.com/telco-platform/coordinator/internal/config"
+	"github.com/telco-platform/coordinator/internal/events"
+	"github.com/telco-platform/coordinator/internal/owned"
+	"github.com/telco-platform/coordinator/internal/owned/ownedtest"
+	"github.com/telco-platform/coordinator/internal/ownership"
+)
+
+// widgetTopic is ownedtest.Widget's trigger topic: transport is tested
+// with a kind of the tests' own.
+var widgetTopic = (&ownedtest.Widget{}).Topic()
+
+// registry is the kinds the consumer tests decode: the real bill-run kind
+// (its decoding is the contract's) and the widget.
+func registry(t testing.TB, w *ownedtest.Widget) *owned.Registry {
+	t.Helper()
+	reg, err := owned.NewRegistry(billrun.New(billrun.Config{}), w)
+	require.NoError(t, err)
+	return reg
+}
+
+// widgetRunner is the template with the widget alone.
+func widgetRunner(t testing.TB, w *ownedtest.Widget, l ownership.Locker, emit events.Emitter) *owned.Runner {
+	t.Helper()
+	reg, err := owned.NewRegistry(w)
+	require.NoError(t, err)
+	r, err := owned.NewRunner(reg, owned.Deps{Config: config.Config{ReplicaID: l.Owner()}, Locker: l}, emit)
+	require.NoError(t, err)
+	return r
+}
