@@ -176,6 +176,16 @@ func TestCheckMutualExclusionPausedHolder(t *testing.T) {
 	h.Sections[1].Fence = 6
 	h.LockRuns[0].Paused = false // not paused: the product had no excuse
 	requireKinds(t, checkMutualExclusion(h), KindMutualExclusion)
+
+	// The lock lost with a Redis restart: excused while the fences order the holders.
+	h.Faults = []FaultRecord{{Spec: FaultSpec{Kind: FaultRedisRestart}, StartNS: 3 * sec}}
+	requireKinds(t, checkMutualExclusion(h))
+	require.Len(t, h.excusedOverlaps(), 1)
+	h.Sections[1].Fence = 1 // the fence went back with Redis: nothing protects the store
+	requireKinds(t, checkMutualExclusion(h), KindMutualExclusion)
+	h.Sections[1].Fence = 6
+	h.Faults[0].Spec.Kind = FaultRedisStall // a stall loses no key: the lease should have ended in time
+	requireKinds(t, checkMutualExclusion(h), KindMutualExclusion)
 }
 
 func TestCheckTrees(t *testing.T) {

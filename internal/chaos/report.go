@@ -117,11 +117,7 @@ func operations(h *History) map[string]int64 {
 			ops["lock_runs_lost"]++
 		}
 	}
-	for _, ov := range h.overlaps() {
-		if ov.excused != "" {
-			ops["overlaps_excused_paused_holder"]++
-		}
-	}
+	ops["overlaps_excused"] = int64(len(h.excusedOverlaps()))
 	ops["poison_records"] = int64(len(h.Poison))
 	ops["dlq_records"] = int64(len(h.DLQ))
 	ops["replica_starts"] = int64(len(h.Replicas))
@@ -213,6 +209,17 @@ func markdown(rep Report, h *History, r *run, anomalies []Anomaly) string {
 				break
 			}
 			w("- %s\n", mdEscape(a.Detail))
+		}
+		w("\n")
+	}
+	if ex := h.excusedOverlaps(); len(ex) > 0 {
+		w("## Excused overlaps (%d)\n\nTwo holders at once where the lock documents that it cannot prevent it and the fence protects a fenced store (the stale holder's fence is the lower one): its `coordinator lock` was stopped by the verifier, or the lock was lost with a Redis restart or failover (docs/lock.md). Not anomalies; listed so that nothing is hidden.\n\n", len(ex))
+		for i, e := range ex {
+			if i == 20 {
+				w("- ... and %d more\n", len(ex)-20)
+				break
+			}
+			w("- %s\n", mdEscape(e))
 		}
 		w("\n")
 	}
