@@ -18,8 +18,9 @@
 //
 // Exit: 0 no anomaly, 1 anomalies found, 2 the run could not be carried out, 64 bad usage.
 //
-// `chaos critical` and `chaos linger` are the critical-section helper the
-// lock workers run under `coordinator lock` (not for direct use).
+// `chaos check DIR` runs the checks again over DIR/history.json. `chaos
+// critical` and `chaos linger` are the critical-section helper the lock
+// workers run under `coordinator lock` (not for direct use).
 package main
 
 import (
@@ -46,6 +47,8 @@ func main() {
 			os.Exit(chaos.Critical(os.Args[2:]))
 		case "linger":
 			os.Exit(chaos.Linger())
+		case "check":
+			os.Exit(recheck(os.Args[2:]))
 		case "-h", "--help", "help":
 			fmt.Println(usage)
 			os.Exit(0)
@@ -99,6 +102,29 @@ func run() int {
 	}
 	fmt.Printf("chaos: report: %s, %s\n", filepath.Join(cfg.Out, "report.md"), filepath.Join(cfg.Out, "report.json"))
 	if rep.Verdict != chaos.VerdictOK {
+		return 1
+	}
+	return 0
+}
+
+// recheck runs the checks again over a report directory's history.json
+// and prints the anomalies: exit 0 none, 1 some, 2 unreadable.
+func recheck(args []string) int {
+	if len(args) != 1 {
+		fmt.Fprintln(os.Stderr, "usage: chaos check CHAOS_OUT_DIR")
+		return 64
+	}
+	h, err := chaos.LoadHistory(args[0])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos check:", err)
+		return 2
+	}
+	as := chaos.Check(h)
+	for _, a := range as {
+		fmt.Printf("%s\t%s\n", a.Kind, a.Detail)
+	}
+	fmt.Printf("chaos check: %d anomalies\n", len(as))
+	if len(as) > 0 {
 		return 1
 	}
 	return 0

@@ -312,7 +312,11 @@ func checkWrites(h *History) []Anomaly {
 		}
 		var episodes []*episode
 		byTop := map[int64]*episode{}
-		seen := map[int]bool{}
+		type writerKey struct {
+			pid int
+			h   holder
+		}
+		seen := map[writerKey]bool{}
 		var top Write
 		for i, w := range ws {
 			if i > 0 && w.Fence < top.Fence {
@@ -332,8 +336,8 @@ func checkWrites(h *History) []Anomaly {
 					e.writes++
 					e.holders[holder{w.LockPID, w.LockStart}] = true
 					e.lo, e.hi = min(e.lo, w.Fence), max(e.hi, w.Fence)
-				case !seen[w.PID]:
-					seen[w.PID] = true
+				case !seen[writerKey{w.PID, holder{w.LockPID, w.LockStart}}]:
+					seen[writerKey{w.PID, holder{w.LockPID, w.LockStart}}] = true
 					who := "a holder"
 					if w.Role != "section" {
 						who = "a process left running by a holder"
@@ -540,10 +544,16 @@ func checkTrees(h *History) []Anomaly {
 	for _, p := range h.Procs {
 		latest[procKey{p.PID, p.StartTime}] = p
 	}
-	lastWrite := map[int]Write{}
+	// A writer is its PID under its holder (PIDs are reused over a long run).
+	type writer struct {
+		pid, lockPID int
+		lockStart    uint64
+	}
+	lastWrite := map[writer]Write{}
 	for _, w := range h.Writes {
-		if cur, ok := lastWrite[w.PID]; !ok || w.MonoNS > cur.MonoNS {
-			lastWrite[w.PID] = w
+		k := writer{w.PID, w.LockPID, w.LockStart}
+		if cur, ok := lastWrite[k]; !ok || w.MonoNS > cur.MonoNS {
+			lastWrite[k] = w
 		}
 	}
 	keys := make([]procKey, 0, len(latest))
@@ -559,7 +569,7 @@ func checkTrees(h *History) []Anomaly {
 		}
 		last := p.EndedNS
 		what := "recorded its end"
-		if w, ok := lastWrite[p.PID]; ok && w.LockPID == p.LockPID && w.MonoNS > last {
+		if w, ok := lastWrite[writer{p.PID, p.LockPID, p.LockStart}]; ok && w.MonoNS > last {
 			last, what = w.MonoNS, fmt.Sprintf("committed write #%d (fence %d)", w.ID, w.Fence)
 		}
 		if last > l.ExitNS {

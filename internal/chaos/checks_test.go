@@ -202,10 +202,16 @@ func TestCheckTrees(t *testing.T) {
 	h.StillRunning = []StillRunning{{HelperProc: h.Procs[1], HolderExitNS: 5 * sec, SeenNS: 5*sec + sec/3}}
 	requireKinds(t, checkTrees(h), KindHolderOutlived, KindProcessStillRunning)
 
+	// A later process with the same PIDs (PIDs wrap on a long run) is not it.
+	h.StillRunning = nil
+	h.Procs[1].EndedNS = 0
+	h.Writes = []Write{{ID: 1, Key: "k", Fence: 9, LockPID: 10, LockStart: 999, PID: 12, Role: "section", MonoNS: 70 * sec}}
+	requireKinds(t, checkTrees(h))
+
 	// A late write counts as work after the holder exited, too.
 	h.StillRunning = nil
 	h.Procs[1].EndedNS = 0
-	h.Writes = []Write{{ID: 1, Key: "k", Fence: 1, LockPID: 10, PID: 12, Role: "late", MonoNS: 7 * sec}}
+	h.Writes = []Write{{ID: 1, Key: "k", Fence: 1, LockPID: 10, LockStart: 100, PID: 12, Role: "late", MonoNS: 7 * sec}}
 	requireKinds(t, checkTrees(h), KindHolderOutlived)
 }
 

@@ -281,8 +281,15 @@ func (r *run) poison(ctx context.Context, i int, f FaultSpec) string {
 	var parts []string
 	for j := 0; j < max(f.Count, 1); j++ {
 		period := r.newPeriod()
+		if period == "" { // every period triggered already: repeat the latest
+			r.mu.Lock()
+			if n := len(r.introduced); n > 0 {
+				period = r.introduced[n-1]
+			}
+			r.mu.Unlock()
+		}
 		if period == "" {
-			return strings.Join(append(parts, "no untriggered period left"), "; ")
+			return strings.Join(append(parts, "no period to put behind it"), "; ")
 		}
 		marker := fmt.Sprintf("chaos-%d-poison-%d-%d", r.cfg.Seed, i, j)
 		var value []byte

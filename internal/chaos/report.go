@@ -145,6 +145,21 @@ func writeReports(dir string, rep Report, h *History, r *run, anomalies []Anomal
 	return os.WriteFile(filepath.Join(dir, "report.md"), []byte(markdown(rep, h, r, anomalies)), 0o644)
 }
 
+// LoadHistory reads the history.json a run wrote into dir, so that the
+// checks can be run again over it (`chaos check DIR`), for instance after a
+// checker changed.
+func LoadHistory(dir string) (*History, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "history.json"))
+	if err != nil {
+		return nil, err
+	}
+	var h History
+	if err := json.Unmarshal(b, &h); err != nil {
+		return nil, fmt.Errorf("%s/history.json: %w", dir, err)
+	}
+	return &h, nil
+}
+
 func markdown(rep Report, h *History, r *run, anomalies []Anomaly) string {
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }

@@ -115,15 +115,19 @@ type billRunRequest struct {
 	RequestedBy string `json:"requested_by"`
 }
 
-// triggerLoop introduces a new period every 1.5-3.5 s (sometimes it
-// repeats an old one instead) and triggers it 1-3 times, from Kafka and
+// triggerLoop introduces a new period every 1.5-3.5 s, stretched on phases
+// too long for the periods back to 2000-01 (sometimes it repeats an old one
+// instead) and triggers it 1-3 times, from Kafka and
 // HTTP, spread over a few seconds.
 func (r *run) triggerLoop(ctx context.Context) {
 	rng := rand.New(rand.NewPCG(r.cfg.Seed, 0x7216))
 	n := 0
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	for pause(ctx, between(rng, 1500*time.Millisecond, 3500*time.Millisecond)) {
+	// Long phases space the periods out, so that new ones last to the end.
+	stretch := max(1, float64(r.cfg.Duration)/(float64(len(r.periods))*float64(2500*time.Millisecond)*0.85))
+	lo, hi := time.Duration(1500*float64(time.Millisecond)*stretch), time.Duration(3500*float64(time.Millisecond)*stretch)
+	for pause(ctx, between(rng, lo, hi)) {
 		period := ""
 		if rng.IntN(100) >= 15 {
 			period = r.newPeriod()
