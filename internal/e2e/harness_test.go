@@ -73,7 +73,7 @@ func newDeployment(t *testing.T, redisURL string) *deployment {
 		brokers:  kafka.Brokers,
 		topicPfx: kafka.Suffix,
 		group:    "g_" + kafka.Suffix,
-		token:    testenv.UniqueName("tok"),
+		token:    testenv.AdminToken(),
 	}
 	reg, err := kinds.Registry()
 	require.NoError(t, err)

@@ -95,7 +95,8 @@ func clusterEnv(t testing.TB) (url string, prefix string, admin *redis.ClusterCl
 		})
 		_ = admin.Close()
 	})
-	return "redis://" + strings.Join(addrs, ","), prefix, admin
+	// go-redis' cluster URL: one seed in the authority, the others as addr options.
+	return "redis://" + addrs[0] + "?addr=" + strings.Join(addrs[1:], "&addr="), prefix, admin
 }
 
 func TestConformanceCluster(t *testing.T) {

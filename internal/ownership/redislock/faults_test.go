@@ -232,16 +232,21 @@ func TestParseOptions(t *testing.T) {
 			require.NotNil(t, o.TLSConfig)
 			require.Equal(t, "cache.internal", o.TLSConfig.ServerName)
 		}},
-		{name: "sentinel", url: "redis://:secret@10.0.0.1:26379,10.0.0.2:26379/0?master_name=locks", mode: "sentinel", check: func(t *testing.T, o *redis.UniversalOptions) {
+		{name: "sentinel", url: "redis://:sentinelpw@10.0.0.1:26379/0?master_name=locks&addr=10.0.0.2:26379&password=secret", mode: "sentinel", check: func(t *testing.T, o *redis.UniversalOptions) {
 			require.Equal(t, []string{"10.0.0.1:26379", "10.0.0.2:26379"}, o.Addrs)
 			require.Equal(t, "locks", o.MasterName)
 			require.Equal(t, "secret", o.Password)
+			require.Equal(t, "sentinelpw", o.SentinelPassword)
 			c := redis.NewUniversalClient(o)
 			defer c.Close()
 			_, isFailover := c.(*redis.Client) // sentinel-backed failover clients are *redis.Client
 			require.True(t, isFailover)
 		}},
-		{name: "cluster", url: "redis://127.0.0.1:17001,127.0.0.1:17002", mode: "cluster", check: func(t *testing.T, o *redis.UniversalOptions) {
+		{name: "sentinel tls", url: "rediss://10.0.0.1:26379?master_name=locks", mode: "sentinel", check: func(t *testing.T, o *redis.UniversalOptions) {
+			require.NotNil(t, o.TLSConfig)
+			require.Empty(t, o.TLSConfig.ServerName, "each node is verified under the name it is dialled by")
+		}},
+		{name: "cluster", url: "redis://127.0.0.1:17001?addr=127.0.0.1:17002", mode: "cluster", check: func(t *testing.T, o *redis.UniversalOptions) {
 			require.Equal(t, []string{"127.0.0.1:17001", "127.0.0.1:17002"}, o.Addrs)
 			require.True(t, o.IsClusterMode)
 			c := redis.NewUniversalClient(o)
@@ -252,14 +257,22 @@ func TestParseOptions(t *testing.T) {
 		{name: "cluster one seed", url: "redis://127.0.0.1:17001", mode: "cluster", check: func(t *testing.T, o *redis.UniversalOptions) {
 			require.True(t, o.IsClusterMode)
 		}},
+		{name: "default port", url: "redis://host", mode: "single", check: func(t *testing.T, o *redis.UniversalOptions) {
+			require.Equal(t, []string{"host:6379"}, o.Addrs)
+		}},
 		{name: "sentinel without master", url: "redis://10.0.0.1:26379", mode: "sentinel", wantErr: "master_name"},
+		{name: "sentinel to replicas", url: "redis://10.0.0.1:26379?master_name=m&replica_only=true", mode: "sentinel", wantErr: "away from the master"},
+		{name: "cluster read only", url: "redis://a:1?read_only=true", mode: "cluster", wantErr: "away from the masters"},
 		{name: "single with two hosts", url: "redis://a:1,b:2", mode: "single", wantErr: "one host"},
-		{name: "cluster db", url: "redis://a:1,b:2/3", mode: "cluster", wantErr: "database 0"},
+		{name: "old comma list", url: "redis://a:1,b:2", mode: "cluster", wantErr: "?addr="},
+		{name: "cluster db", url: "redis://a:1/3?addr=b:2", mode: "cluster", wantErr: "database 0"},
 		{name: "bad scheme", url: "http://a:1", mode: "single", wantErr: "scheme"},
-		{name: "no port", url: "redis://host", mode: "single", wantErr: "host:port"},
-		{name: "unknown option", url: "redis://a:1?frobnicate=1", mode: "single", wantErr: "unknown option"},
+		{name: "unknown option", url: "redis://a:1?frobnicate=hunter2", mode: "single", wantErr: "unknown option frobnicate"},
+		{name: "bad option value", url: "redis://a:1?dial_timeout=hunter2", mode: "single", wantErr: "invalid dial_timeout duration"},
 		{name: "bad mode", url: "redis://a:1", mode: "ring", wantErr: "mode"},
-		{name: "password redacted", url: "redis://:hunter2@a", mode: "single", wantErr: "REDACTED"},
+		{name: "password redacted", url: "redis://:hunter2@a:1/x", mode: "single", wantErr: "REDACTED"},
+		{name: "unparsable password not echoed", url: "redis://:hunter2%zz@a:1/0", mode: "single", wantErr: "percent-encode"},
+		{name: "sentinel password redacted", url: "redis://:hunter2@a:1/0?master_name=m&password=hunter2&frobnicate=1", mode: "sentinel", wantErr: "REDACTED"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o, err := redislock.ParseOptions(tc.url, tc.mode)
