@@ -31,8 +31,9 @@ import (
 var clientCommands = []string{
 	"hello", "ping", // connection handshake, readiness
 	"evalsha", "eval", // the scripts (EVAL after NOSCRIPT)
-	"psubscribe", "punsubscribe", // waiters wake on release
+	"subscribe", "unsubscribe", // each Locker's wake channel
 	"scan", "hmget", "pttl", // Locks (coordinator locks, GET /v1/locks)
+	"info", "wait", // eviction policy and replicas at start; WAIT after acquire and renew
 }
 
 // scriptCommands returns the commands the package's Lua scripts call
@@ -134,9 +135,9 @@ func TestTheMinimalACLRefusesTheRest(t *testing.T) {
 		{"FLUSHALL"},
 		{"CONFIG", "GET", "requirepass"},
 		{"KEYS", "*"},
-		{"GET", env.Prefix + ":{k}:lock"},              // a command the lock does not use, on its own key
+		{"LPUSH", env.Prefix + ":{k}:lock", "x"},       // a command the lock does not use, on its own key
 		{"HSET", "otherapp:{k}:lock", "owner", "x"},    // a command it uses, on a key outside the prefix
-		{"PUBLISH", "otherapp:{k}:released", "x"},      // a channel outside the pattern
+		{"PUBLISH", "otherapp:wake:x", "x"},            // a channel outside the pattern
 		{"EVAL", "return redis.call('flushall')", "0"}, // a script is held to the same rule
 	} {
 		err := c.Do(ctx, cmd...).Err()
