@@ -1,6 +1,7 @@
 package redislock_test
 
 import (
+	"cmp"
 	"context"
 	"testing"
 	"time"
@@ -29,6 +30,9 @@ func newSentinelLocker(t *testing.T, set *testenv.RedisSentinelSet, cfg redisloc
 	client, err := redislock.NewClient(set.URL(), redislock.ModeSentinel)
 	require.NoError(t, err)
 	cfg.Prefix = "fo"
+	// A busy machine's replica may take longer than the default 200ms to
+	// acknowledge; a test that wants the acknowledgement must not fail for it.
+	cfg.ReplicaTimeout = cmp.Or(cfg.ReplicaTimeout, 1500*time.Millisecond) // below the 2s read timeout
 	l, err := redislock.New(client, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -85,7 +89,9 @@ func TestUnacknowledgedByTheReplica(t *testing.T) {
 	const ttl = 1500 * time.Millisecond
 	set := testenv.StartRedisSentinelSet(t)
 	ctx := context.Background()
-	l := newSentinelLocker(t, set, redislock.Config{Owner: "a", WaitTime: time.Second, WatchdogTimeout: ttl})
+	// A WAIT for the paused replica lasts its timeout, 1.5s (time enough for
+	// a busy machine's replica while it runs), inside a longer wait budget.
+	l := newSentinelLocker(t, set, redislock.Config{Owner: "a", WaitTime: 10 * time.Second, WatchdogTimeout: ttl, ReplicaTimeout: 1500 * time.Millisecond})
 	master := set.Master.Client(t)
 
 	held, err := l.Acquire(ctx, "held", 0)
