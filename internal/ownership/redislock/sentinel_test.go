@@ -1,7 +1,6 @@
 package redislock_test
 
 import (
-	"cmp"
 	"context"
 	"testing"
 	"time"
@@ -30,9 +29,6 @@ func newSentinelLocker(t *testing.T, set *testenv.RedisSentinelSet, cfg redisloc
 	client, err := redislock.NewClient(set.URL(), redislock.ModeSentinel)
 	require.NoError(t, err)
 	cfg.Prefix = "fo"
-	// A busy machine's replica may take longer than the default 200ms to
-	// acknowledge; a test that wants the acknowledgement must not fail for it.
-	cfg.ReplicaTimeout = cmp.Or(cfg.ReplicaTimeout, 1500*time.Millisecond) // below the 2s read timeout
 	l, err := redislock.New(client, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -89,8 +85,10 @@ func TestUnacknowledgedByTheReplica(t *testing.T) {
 	const ttl = 1500 * time.Millisecond
 	set := testenv.StartRedisSentinelSet(t)
 	ctx := context.Background()
-	// A WAIT for the paused replica lasts its timeout, 1.5s (time enough for
-	// a busy machine's replica while it runs), inside a longer wait budget.
+	// The held lease's acquisition needs the replica's acknowledgement,
+	// which a busy machine's replica may take longer than the default 200ms
+	// to give: 1.5s (below the 2s read timeout). The WAIT that must fail
+	// (replica paused) then lasts that long, inside a 10s budget.
 	l := newSentinelLocker(t, set, redislock.Config{Owner: "a", WaitTime: 10 * time.Second, WatchdogTimeout: ttl, ReplicaTimeout: 1500 * time.Millisecond})
 	master := set.Master.Client(t)
 
