@@ -345,14 +345,14 @@ func TestGrafanaDashboardUsesRealMetrics(t *testing.T) {
 	}
 }
 
-func TestKubernetesManifests(t *testing.T) {
-	t.Parallel()
-	vars := configVariables(t)
+// k8sManifests decodes deploy/k8s: the documents by kind (each with its
+// file name under "_file") and the kustomization.
+func k8sManifests(t *testing.T) (byKind map[string][]map[string]any, kustomization map[string]any) {
+	t.Helper()
 	dir := filepath.Join(root, "deploy", "k8s")
 	entries, err := os.ReadDir(dir)
 	require.NoError(t, err)
-	byKind := map[string][]map[string]any{}
-	var kustomization map[string]any
+	byKind = map[string][]map[string]any{}
 	for _, e := range entries {
 		if !strings.HasSuffix(e.Name(), ".yaml") {
 			continue
@@ -366,18 +366,27 @@ func TestKubernetesManifests(t *testing.T) {
 				continue
 			}
 			require.NotEmptyf(t, mapAt(t, d, "metadata")["name"], "%s: metadata.name", e.Name())
+			d["_file"] = e.Name()
 			byKind[kind] = append(byKind[kind], d)
 		}
 	}
 	require.NotNil(t, kustomization)
+	return byKind, kustomization
+}
+
+func TestKubernetesManifests(t *testing.T) {
+	t.Parallel()
+	vars := configVariables(t)
+	dir := filepath.Join(root, "deploy", "k8s")
+	byKind, kustomization := k8sManifests(t)
 	for _, r := range kustomization["resources"].([]any) {
 		require.FileExists(t, filepath.Join(dir, r.(string)))
 	}
-	for _, k := range []string{"Deployment", "PodDisruptionBudget", "HorizontalPodAutoscaler", "ConfigMap", "Secret", "CronJob", "Service"} {
+	for _, k := range []string{"Deployment", "PodDisruptionBudget", "HorizontalPodAutoscaler", "ConfigMap", "CronJob", "Service", "PodMonitor"} {
 		require.Lenf(t, byKind[k], 1, "one %s", k)
 	}
 
-	for _, cm := range append(byKind["ConfigMap"], mapAt(t, byKind["Secret"][0], "stringData")) {
+	for _, cm := range byKind["ConfigMap"] {
 		data := cm
 		if d, ok := cm["data"].(map[string]any); ok {
 			data = d
@@ -415,7 +424,7 @@ func TestKubernetesManifests(t *testing.T) {
 	cj := byKind["CronJob"][0]
 	jc := mapAt(t, cj, "spec", "jobTemplate", "spec", "template", "spec")["containers"].([]any)[0].(map[string]any)
 	require.Equal(t, []any{"run", "reaper"}, jc["args"])
-	_, err = config.CronParser.Parse(mapAt(t, cj, "spec")["schedule"].(string))
+	_, err := config.CronParser.Parse(mapAt(t, cj, "spec")["schedule"].(string))
 	require.NoError(t, err)
 }
 

@@ -466,10 +466,11 @@ func TestLockScrubsSecretsFromTheCommandEnvironment(t *testing.T) {
 	vars := e.with(
 		"COORDINATOR_DATABASE_URL", "postgres://app:s3cret@127.0.0.1:1/x",
 		"COORDINATOR_ADMIN_TOKEN", "0123456789abcdef0123456789abcdef-token",
+		"COORDINATOR_KAFKA_SASL_MECHANISM", "SCRAM-SHA-512",
+		"COORDINATOR_KAFKA_SASL_USERNAME", "app",
 		"COORDINATOR_KAFKA_SASL_PASSWORD", "kafka-s3cret",
-		"COORDINATOR_KAFKA_SASL_PASSWORD_FILE", keyFile,
+		"COORDINATOR_KAFKA_TLS", "true",
 		"COORDINATOR_LOCK_REDIS_PASSWORD_FILE", keyFile,
-		"COORDINATOR_LOCK_REDIS_TLS_KEY_FILE", keyFile,
 		"COORDINATOR_LOCK_KEY", "outer-key",
 		"DATABASE_URL", "postgres://app:mine@127.0.0.1:1/y",
 		"MY_SETTING", "kept",

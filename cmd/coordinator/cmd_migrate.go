@@ -6,6 +6,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/migrate"
 	"github.com/telco-platform/coordinator/internal/postgres"
@@ -24,8 +26,9 @@ type migration struct {
 }
 
 func runMigrate(ctx context.Context, cio cliIO, args []string) int {
-	fs := newFlagSet(cio, "migrate", "up|down|status [--json] [flags]")
+	fs := newFlagSet(cio, "migrate", "up|down|status [--json] [--force] [flags]")
 	asJSON := jsonFlag(fs)
+	force := fs.Bool("force", false, "migrate down a database that is not marked disposable (docs/security.md)")
 	// The verb may come first: `migrate status --json`.
 	var verb []string
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
@@ -37,7 +40,7 @@ func runMigrate(ctx context.Context, cio cliIO, args []string) int {
 	}
 	rest = append(verb, rest...)
 	if len(rest) != 1 || (rest[0] != "up" && rest[0] != "down" && rest[0] != "status") {
-		fmt.Fprintln(cio.stderr, "usage: coordinator migrate up|down|status [--json] [flags]")
+		fmt.Fprintln(cio.stderr, "usage: coordinator migrate up|down|status [--json] [--force] [flags]  (down needs a database marked disposable, or --force)")
 		return job.ExitUsage
 	}
 	if err := cfg.RequireDatabase(); err != nil {
@@ -50,6 +53,11 @@ func runMigrate(ctx context.Context, cio cliIO, args []string) int {
 		return job.ExitUnavailable
 	}
 	defer pool.Close()
+	if rest[0] == "down" {
+		if code := requireDisposable(ctx, cio, pool, "migrate down", *force); code != 0 {
+			return code
+		}
+	}
 	m, err := migrate.New(pool)
 	if err != nil {
 		fmt.Fprintf(cio.stderr, "coordinator migrate: %v\n", err)
@@ -100,4 +108,23 @@ func runMigrate(ctx context.Context, cio cliIO, args []string) int {
 		}
 		return 0
 	}
+}
+
+// requireDisposable refuses (64) a destructive command on a database that is
+// not marked disposable, unless forced; forced, it warns.
+func requireDisposable(ctx context.Context, cio cliIO, pool *pgxpool.Pool, command string, force bool) int {
+	ok, name, err := postgres.Disposable(ctx, pool)
+	if err != nil {
+		fmt.Fprintf(cio.stderr, "coordinator %s: %v\n", command, err)
+		return job.ExitUnavailable
+	}
+	switch {
+	case ok:
+		return 0
+	case force:
+		fmt.Fprintf(cio.stderr, "coordinator %s: --force: database %q is not marked disposable; going ahead\n", command, name)
+		return 0
+	}
+	fmt.Fprintf(cio.stderr, "coordinator %s: %v\n", command, &postgres.NotDisposableError{Database: name, Command: command})
+	return job.ExitUsage
 }

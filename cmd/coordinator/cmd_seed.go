@@ -24,6 +24,7 @@ func runSeed(ctx context.Context, cio cliIO, args []string) int {
 	usage := fs.Bool("usage", false, "add rated usage charges for --period")
 	periodFlag := fs.String("period", "", "usage period YYYY-MM (default: the previous month)")
 	reset := fs.Bool("reset", false, "empty subscribers, usage, invoices and bill runs first")
+	force := fs.Bool("force", false, "seed a database that is not marked disposable (docs/security.md)")
 	cfg, rest, code := parseConfig(cio, fs, args)
 	if code != 0 {
 		return code
@@ -52,6 +53,9 @@ func runSeed(ctx context.Context, cio cliIO, args []string) int {
 		return job.ExitUnavailable
 	}
 	defer pool.Close()
+	if code := requireDisposable(ctx, cio, pool, "seed", *force); code != 0 {
+		return code
+	}
 
 	start := time.Now()
 	res, err := billrun.Seed(ctx, pool, billrun.SeedConfig{

@@ -11,7 +11,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/kafkaconn"
 	"github.com/telco-platform/coordinator/internal/topics"
 )
 
@@ -59,25 +61,40 @@ func runTrigger(ctx context.Context, cio cliIO, args []string) int {
 		return job.ExitFailed
 	}
 
-	cl, err := kgo.NewClient(kgo.SeedBrokers(cfg.KafkaBrokers...), kgo.ProducerLinger(0),
-		kgo.ClientID("coordinator-trigger"))
-	if err != nil {
-		fmt.Fprintf(cio.stderr, "coordinator %s: kafka client: %v\n", name, err)
-		return job.ExitFailed
+	cl, code := kafkaClient(cio, name, cfg, kgo.ProducerLinger(0), kgo.ClientID("coordinator-trigger"))
+	if code != 0 {
+		return code
 	}
 	defer cl.Close()
 	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	// Like serve: create the deployment's topics when allowed, else name the missing one.
 	if err := topics.Ensure(pctx, kadm.NewClient(cl), names, cfg.KafkaCreateTopics); err != nil {
-		fmt.Fprintf(cio.stderr, "coordinator %s: %v\n", name, err)
+		fmt.Fprintf(cio.stderr, "coordinator %s: %v\n", name, kafkaconn.Classify(err))
 		return job.ExitUnavailable
 	}
 	if err := cl.ProduceSync(pctx, rec).FirstErr(); err != nil {
-		fmt.Fprintf(cio.stderr, "coordinator %s: produce to %s via %v: %v\n", name, rec.Topic, cfg.KafkaBrokers, err)
+		fmt.Fprintf(cio.stderr, "coordinator %s: produce to %s via %v: %v\n", name, rec.Topic, cfg.KafkaBrokers, kafkaconn.Classify(err))
 		return job.ExitUnavailable
 	}
 	out, _ := json.Marshal(produced{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Key: string(rec.Key), Value: rec.Value})
 	fmt.Fprintln(cio.stdout, string(out))
 	return job.ExitOK
+}
+
+// kafkaClient builds a CLI command's Kafka client on the configured brokers
+// with the configured TLS and SASL (internal/kafkaconn), plus opts. On error
+// it prints the reason and returns the exit code.
+func kafkaClient(cio cliIO, name string, cfg config.Config, opts ...kgo.Opt) (*kgo.Client, int) {
+	sec, err := kafkaconn.Options(cfg)
+	if err != nil {
+		fmt.Fprintf(cio.stderr, "coordinator %s: %v\n", name, err)
+		return nil, job.ExitUsage
+	}
+	cl, err := kgo.NewClient(append(append([]kgo.Opt{kgo.SeedBrokers(cfg.KafkaBrokers...)}, sec...), opts...)...)
+	if err != nil {
+		fmt.Fprintf(cio.stderr, "coordinator %s: kafka client: %v\n", name, err)
+		return nil, job.ExitFailed
+	}
+	return cl, 0
 }

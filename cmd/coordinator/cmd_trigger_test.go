@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/telco-platform/coordinator/internal/billrun"
@@ -108,11 +109,9 @@ func TestTriggerProducesAndWatchPrintsEvents(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan int, 1)
 		go func() { done <- dispatch(ctx, cio(&wout, &werr), args) }()
-		deadline := time.Now().Add(30 * time.Second)
-		for !strings.Contains(wout.String(), "\n") {
-			require.True(t, time.Now().Before(deadline), "watch printed nothing: %s", werr.String())
-			<-time.After(20 * time.Millisecond)
-		}
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			assert.Contains(c, wout.String(), "\n", "watch printed nothing: %s", werr.String())
+		}, 30*time.Second, 20*time.Millisecond)
 		cancel() // SIGINT
 		select {
 		case code := <-done:

@@ -12,6 +12,7 @@ import (
 
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/kafkaconn"
 	"github.com/telco-platform/coordinator/internal/topics"
 )
 
@@ -39,11 +40,10 @@ func runWatch(ctx context.Context, cio cliIO, args []string) int {
 	if *fromStart {
 		start = kgo.NewOffset().AtStart()
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(cfg.KafkaBrokers...), kgo.ConsumeTopics(topic),
+	cl, code := kafkaClient(cio, "watch", cfg, kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(start), kgo.FetchMaxWait(250*time.Millisecond), kgo.ClientID("coordinator-watch"))
-	if err != nil {
-		fmt.Fprintf(cio.stderr, "coordinator watch: kafka client: %v\n", err)
-		return job.ExitFailed
+	if code != 0 {
+		return code
 	}
 	closed := make(chan struct{})
 	defer func() {
@@ -54,14 +54,23 @@ func runWatch(ctx context.Context, cio cliIO, args []string) int {
 			fmt.Fprintln(cio.stderr, "coordinator watch: client close timed out")
 		}
 	}()
-	fmt.Fprintf(cio.stderr, "coordinator watch: %s on %s (Ctrl-C to stop)\n", topic, strings.Join(cfg.KafkaBrokers, ","))
+	// Rejected credentials or certificates end the watch at once (69)
+	// instead of a fetch error per poll; a broker that is down is waited for.
+	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	err := kafkaconn.Check(pctx, cl)
+	cancel()
+	if kafkaconn.Fatal(err) {
+		fmt.Fprintf(cio.stderr, "coordinator watch: %v\n", err)
+		return job.ExitUnavailable
+	}
+	fmt.Fprintf(cio.stderr, "coordinator watch: %s on %s (%s; Ctrl-C to stop)\n", topic, strings.Join(cfg.KafkaBrokers, ","), kafkaconn.Describe(cfg))
 	for {
 		fetches := cl.PollFetches(ctx)
 		if ctx.Err() != nil || fetches.IsClientClosed() {
 			return job.ExitOK
 		}
 		fetches.EachError(func(t string, p int32, err error) {
-			fmt.Fprintf(cio.stderr, "coordinator watch: fetch %s/%d: %v\n", t, p, err)
+			fmt.Fprintf(cio.stderr, "coordinator watch: fetch %s/%d: %v\n", t, p, kafkaconn.Classify(err))
 		})
 		fetches.EachRecord(func(r *kgo.Record) {
 			if *asJSON {

@@ -35,10 +35,11 @@ func openLocker(ctx context.Context, cfg config.Config, log *slog.Logger, reg pr
 			Owner: cfg.ReplicaID, WaitTime: cfg.LockWaitTime, WatchdogTimeout: cfg.LockWatchdogTimeout, Metrics: metrics,
 		}), nil
 	}
-	client, err := redislock.NewClient(cfg.LockRedisURL, cfg.LockRedisMode)
+	opts, err := redisOptions(cfg)
 	if err != nil {
 		return nil, err
 	}
+	client := redis.NewUniversalClient(opts)
 	l, err := redislock.New(client, redislock.Config{
 		Prefix: cfg.LockKeyPrefix, Owner: cfg.ReplicaID, WaitTime: cfg.LockWaitTime,
 		WatchdogTimeout: cfg.LockWatchdogTimeout, Logger: log, Metrics: metrics,
@@ -61,6 +62,29 @@ func openLocker(ctx context.Context, cfg config.Config, log *slog.Logger, reg pr
 		log.Warn("lock_backend_unreachable", "mode", cfg.LockRedisMode, "error", err)
 	}
 	return &clientLocker{Locker: l, client: client, prefix: cmp.Or(cfg.LockKeyPrefix, "coordinator")}, nil
+}
+
+// redisOptions are the go-redis options of the lock backend: the URL
+// (go-redis' own formats, by COORDINATOR_LOCK_REDIS_MODE), the password of
+// COORDINATOR_LOCK_REDIS_PASSWORD_FILE and, for rediss://, the CA and client
+// certificate of the COORDINATOR_LOCK_REDIS_TLS_* files.
+func redisOptions(cfg config.Config) (*redis.UniversalOptions, error) {
+	opts, err := redislock.ParseOptions(cfg.LockRedisURL, cfg.LockRedisMode)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.LockRedisPassword != "" {
+		opts.Password = cfg.LockRedisPassword
+	}
+	if files := cfg.LockRedisTLSFiles(); files.Any() {
+		if opts.TLSConfig == nil {
+			return nil, errors.New("redis: the COORDINATOR_LOCK_REDIS_TLS_* files need a rediss:// URL")
+		}
+		if err := files.Apply(opts.TLSConfig); err != nil {
+			return nil, fmt.Errorf("redis: %w", err)
+		}
+	}
+	return opts, nil
 }
 
 // clientLocker closes the Redis client after the Locker.

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -77,4 +80,88 @@ func TestOpenLockerRefusesAnEvictingRedis(t *testing.T) {
 	require.ErrorContains(t, err, "COORDINATOR_LOCK_REDIS_URL")
 	require.ErrorContains(t, err, "maxmemory-policy volatile-lru")
 	require.ErrorContains(t, err, "noeviction")
+}
+
+// lockerWith opens the production Locker on env (plus the test's prefix) and
+// returns it with the error of one acquire-release round trip.
+func lockerWith(t *testing.T, env map[string]string) (ownership.Locker, error) {
+	t.Helper()
+	env["COORDINATOR_LOCK_WAIT_TIME"] = "2s"
+	cfg, _, err := config.Load("test", nil, func(k string) string { return env[k] })
+	require.NoError(t, err)
+	l, err := openLocker(context.Background(), cfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	le, err := l.Acquire(ctx, "wiring/tls", 0)
+	if err == nil {
+		err = le.Release(ctx)
+	}
+	return l, err
+}
+
+func TestOpenLockerOverTLS(t *testing.T) {
+	t.Parallel()
+	sr := testenv.RedisTLS(t)
+	prefix := testenv.Redis(t).Prefix // the same server: its cleanup covers the TLS port's keys
+	base := func() map[string]string {
+		return map[string]string{"COORDINATOR_LOCK_REDIS_URL": sr.URL, "COORDINATOR_LOCK_KEY_PREFIX": prefix,
+			"COORDINATOR_LOCK_REDIS_TLS_CA_FILE": sr.CAFile}
+	}
+	_, err := lockerWith(t, base())
+	require.NoError(t, err, "rediss:// verified with COORDINATOR_LOCK_REDIS_TLS_CA_FILE")
+
+	env := base()
+	delete(env, "COORDINATOR_LOCK_REDIS_TLS_CA_FILE")
+	_, err = lockerWith(t, env)
+	require.ErrorIs(t, err, ownership.ErrUnavailable, "the system roots do not know the test CA: fail closed")
+	require.ErrorContains(t, err, "certificate")
+
+	// The server verifies a client certificate it is shown against the test
+	// CA: another CA's is refused, so the pass with the test client's proves
+	// the configured certificate is sent.
+	foreignCA, foreignCert, foreignKey := testenv.ForeignTLS(t)
+	env = base()
+	env["COORDINATOR_LOCK_REDIS_TLS_CERT_FILE"], env["COORDINATOR_LOCK_REDIS_TLS_KEY_FILE"] = foreignCert, foreignKey
+	_, err = lockerWith(t, env)
+	require.ErrorIs(t, err, ownership.ErrUnavailable)
+	env["COORDINATOR_LOCK_REDIS_TLS_CERT_FILE"], env["COORDINATOR_LOCK_REDIS_TLS_KEY_FILE"] = sr.ClientCertFile, sr.ClientKeyFile
+	_, err = lockerWith(t, env)
+	require.NoError(t, err)
+
+	env = base()
+	env["COORDINATOR_LOCK_REDIS_TLS_CA_FILE"] = foreignCA
+	_, err = lockerWith(t, env)
+	require.ErrorIs(t, err, ownership.ErrUnavailable, "a CA that did not sign the server's certificate")
+}
+
+func TestOpenLockerPasswordFile(t *testing.T) {
+	t.Parallel()
+	r := testenv.Redis(t)
+	ctx := context.Background()
+	user, password := testenv.UniqueName("u"), testenv.UniqueName("Hunter2")
+	require.NoError(t, r.Client.Do(ctx, "ACL", "SETUSER", user, "on", ">"+password, "~"+r.Prefix+":*", "&"+r.Prefix+":*", "+@all").Err())
+	t.Cleanup(func() { r.Client.Do(context.Background(), "ACL", "DELUSER", user) })
+	addr := strings.TrimPrefix(strings.TrimSuffix(r.URL, "/0"), "redis://")
+	dir := t.TempDir()
+	good, bad := filepath.Join(dir, "good"), filepath.Join(dir, "bad")
+	require.NoError(t, os.WriteFile(good, []byte(password+"\n"), 0o600))
+	require.NoError(t, os.WriteFile(bad, []byte("wrong-"+password), 0o600))
+	env := func(file string) map[string]string {
+		return map[string]string{"COORDINATOR_LOCK_REDIS_URL": "redis://" + user + "@" + addr + "/0",
+			"COORDINATOR_LOCK_KEY_PREFIX": r.Prefix, "COORDINATOR_LOCK_REDIS_PASSWORD_FILE": file}
+	}
+	_, err := lockerWith(t, env(good))
+	require.NoError(t, err, "the password from the file, its final newline dropped")
+	_, err = lockerWith(t, env(bad))
+	require.ErrorIs(t, err, ownership.ErrUnavailable)
+	require.NotContains(t, err.Error(), password)
+
+	// The password in one place only.
+	bothEnv := env(good)
+	bothEnv["COORDINATOR_LOCK_REDIS_URL"] = "redis://" + user + ":" + password + "@" + addr + "/0"
+	_, _, err = config.Load("test", nil, func(k string) string { return bothEnv[k] })
+	require.ErrorContains(t, err, "COORDINATOR_LOCK_REDIS_PASSWORD_FILE")
+	require.NotContains(t, err.Error(), password)
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/telco-platform/coordinator/internal/billrun"
@@ -60,8 +61,10 @@ func (w *world) start(t *testing.T, id string, env ...string) *replica {
 		"COORDINATOR_LOCK_REDIS_URL=" + w.redisURL,
 		"COORDINATOR_LOCK_KEY_PREFIX=" + w.prefix,
 		"COORDINATOR_REPLICA_ID=" + id,
-		"COORDINATOR_LOCK_WATCHDOG_TIMEOUT=1s",
-		"COORDINATOR_LOCK_WAIT_TIME=5s",
+		// Renewed every second: a busy machine does not stall a renewal
+		// for the ~2s it would take to lose a lease the test needs held.
+		"COORDINATOR_LOCK_WATCHDOG_TIMEOUT=3s",
+		"COORDINATOR_LOCK_WAIT_TIME=30s",
 		"COORDINATOR_BILLRUN_BATCH_SIZE=100",
 		"COORDINATOR_BILLRUN_WORKERS=2",
 		"COORDINATOR_LOG_FORMAT=json",
@@ -91,6 +94,9 @@ func (w *world) start(t *testing.T, id string, env ...string) *replica {
 			_ = r.cmd.Process.Signal(syscall.SIGCONT)
 			_ = r.cmd.Process.Kill()
 			<-r.done
+		}
+		if strings.Contains(r.logs(), "WARNING: DATA RACE") {
+			t.Errorf("replica %s: the race detector found a data race:\n%s", id, r.logs())
 		}
 	})
 	return r
@@ -143,16 +149,14 @@ func (r *replica) hasEvent(t *testing.T, typ string) map[string]any {
 	return nil
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
+// waitBatches waits until at least n batches are committed.
+func (w *world) waitBatches(t *testing.T, n int64) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", within, what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval, bounded by the deadline
-	}
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		var got int64
+		require.NoError(c, w.pool.QueryRow(context.Background(), `select count(*) from bill_run_batches`).Scan(&got))
+		assert.GreaterOrEqual(c, got, n, "batches committed")
+	}, 30*time.Second, 20*time.Millisecond)
 }
 
 func TestProcessThreeConcurrentRuns(t *testing.T) {
@@ -162,7 +166,7 @@ func TestProcessThreeConcurrentRuns(t *testing.T) {
 	var reps []*replica
 	for i := range 3 {
 		// Short waits for one of them, so both losing outcomes can show up.
-		wait := []string{"5s", "5s", "100ms"}[i]
+		wait := []string{"30s", "30s", "100ms"}[i]
 		reps = append(reps, w.start(t, fmt.Sprintf("replica-%d", i),
 			"COORDINATOR_LOCK_WAIT_TIME="+wait, "COORDINATOR_TEST_BILLRUN_BATCH_DELAY=20ms"))
 	}
@@ -200,9 +204,7 @@ func TestProcessKill9MidRunThenResume(t *testing.T) {
 	w := newWorld(t)
 	w.seed(t, billrun.SeedConfig{Subscribers: 2000, SuspendedRatio: 0.1, Usage: true})
 	a := w.start(t, "replica-a", "COORDINATOR_TEST_BILLRUN_BATCH_DELAY=100ms")
-	waitFor(t, 30*time.Second, "replica-a to commit 3 batches", func() bool {
-		return w.count(t, `select count(*) from bill_run_batches`) >= 3
-	})
+	w.waitBatches(t, 3)
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGKILL))
 	<-a.done
 	require.Equal(t, -1, a.cmd.ProcessState.ExitCode(), "killed by a signal")
@@ -231,12 +233,10 @@ func TestProcessPausedOwnerCannotCommit(t *testing.T) {
 	w := newWorld(t)
 	w.seed(t, billrun.SeedConfig{Subscribers: 2000, SuspendedRatio: 0.1})
 	a := w.start(t, "replica-a", "COORDINATOR_TEST_BILLRUN_BATCH_DELAY=150ms")
-	waitFor(t, 30*time.Second, "replica-a to commit 2 batches", func() bool {
-		return w.count(t, `select count(*) from bill_run_batches`) >= 2
-	})
+	w.waitBatches(t, 2)
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGSTOP))
 
-	// replica-b waits out a's lease (1s watchdog timeout), claims fence 2 and completes.
+	// replica-b waits out a's lease (3s watchdog timeout), claims fence 2 and completes.
 	b := w.start(t, "replica-b")
 	code, res := b.wait(t, 60*time.Second)
 	require.Equal(t, 0, code, b.logs())

@@ -2,17 +2,13 @@ package billrun_test
 
 import (
 	"context"
-	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"os/user"
-	"path/filepath"
-	"strconv"
+	"log/slog"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/telco-platform/coordinator/internal/billrun"
@@ -24,85 +20,31 @@ import (
 	"github.com/telco-platform/coordinator/internal/testenv"
 )
 
-// pgServer is a throwaway PostgreSQL of the test's own (never the shared
-// one), run as the postgres OS user, that the test may stop and restart.
-type pgServer struct {
-	t       *testing.T
-	bin     string
-	dataDir string
-	port    int
-	dsn     string
-	asUser  []string
+// logSignal closes seen when the runner logs msg with attribute key = value.
+type logSignal struct {
+	msg, key, value string
+	once            sync.Once
+	seen            chan struct{}
 }
 
-func startOwnPostgres(t *testing.T) *pgServer {
-	t.Helper()
-	bin := testenv.Binary(t, testenv.EnvPGBinDir, "/usr/lib/postgresql/15/bin")
-	testenv.Binary(t, "", filepath.Join(bin, "pg_ctl"))
-	s := &pgServer{t: t, bin: bin}
-	dir, err := os.MkdirTemp("", "billrun-pg-")
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	if os.Geteuid() == 0 { // initdb refuses root: run as postgres
-		u, err := user.Lookup("postgres")
-		require.NoError(t, err, "a postgres OS user is needed to run a throwaway server as root")
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		require.NoError(t, os.Chown(dir, uid, gid))
-		s.asUser = []string{"runuser", "-u", "postgres", "--"}
+func newLogSignal(msg, key, value string) *logSignal {
+	return &logSignal{msg: msg, key: key, value: value, seen: make(chan struct{})}
+}
+
+func (h *logSignal) Enabled(context.Context, slog.Level) bool { return true }
+func (h *logSignal) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *logSignal) WithGroup(string) slog.Handler            { return h }
+func (h *logSignal) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == h.key && a.Value.String() == h.value {
+				h.once.Do(func() { close(h.seen) })
+				return false
+			}
+			return true
+		})
 	}
-	s.dataDir = filepath.Join(dir, "data")
-	s.port = freePort(t)
-	s.run("initdb", "-D", s.dataDir, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
-	conf := fmt.Sprintf("port = %d\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '%s'\nfsync = off\nsynchronous_commit = off\nfull_page_writes = off\n", s.port, dir)
-	f, err := os.OpenFile(filepath.Join(s.dataDir, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
-	require.NoError(t, err)
-	_, err = f.WriteString(conf)
-	require.NoError(t, err)
-	require.NoError(t, f.Close())
-	s.start()
-	t.Cleanup(func() { s.ctl("stop", "-m", "immediate") })
-	s.dsn = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", s.port)
-	return s
-}
-
-func (s *pgServer) run(prog string, args ...string) {
-	s.t.Helper()
-	argv := append(append(append([]string{}, s.asUser...), filepath.Join(s.bin, prog)), args...)
-	out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
-	require.NoError(s.t, err, "%s: %s", prog, out)
-}
-
-// ctl runs pg_ctl. Its output goes to a file, not a pipe: the server it
-// starts would inherit a pipe and keep it open, and reading it would never end.
-func (s *pgServer) ctl(args ...string) {
-	argv := append(append(append([]string{}, s.asUser...), filepath.Join(s.bin, "pg_ctl"), "-D", s.dataDir, "-w", "-t", "60"), args...)
-	out, err := os.CreateTemp("", "pg_ctl-")
-	if err != nil {
-		s.t.Logf("pg_ctl %v: %v", args, err)
-		return
-	}
-	defer os.Remove(out.Name())
-	defer out.Close()
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Run(); err != nil {
-		b, _ := os.ReadFile(out.Name())
-		s.t.Logf("pg_ctl %v: %v: %s", args, err, b)
-	}
-}
-
-func (s *pgServer) logFile() string { return filepath.Join(s.dataDir, "log") }
-func (s *pgServer) start()          { s.ctl("start", "-l", s.logFile()) }
-func (s *pgServer) stop()           { s.ctl("stop", "-m", "fast") }
-func (s *pgServer) restart()        { s.ctl("restart", "-m", "fast", "-l", s.logFile()) }
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return nil
 }
 
 // Postgres restarted mid-run: the failed batches are retried with backoff
@@ -111,9 +53,9 @@ func freePort(t *testing.T) int {
 // and a later run resumes from the committed batches.
 func TestPostgresRestartMidRun(t *testing.T) {
 	t.Parallel()
-	srv := startOwnPostgres(t)
+	srv := testenv.StartPostgresServer(t)
 	ctx := context.Background()
-	pool, err := postgres.Connect(ctx, srv.dsn, 8)
+	pool, err := postgres.Connect(ctx, srv.DSN(), 8)
 	require.NoError(t, err)
 	defer pool.Close()
 	m, err := migrate.New(pool)
@@ -128,16 +70,56 @@ func TestPostgresRestartMidRun(t *testing.T) {
 	defer locker.Close()
 	b := &bundle{pool: pool, locker: locker, rec: &events.Recorder{}}
 
-	t.Run("restart is retried", func(t *testing.T) {
+	// pauseAt4 is a BeforeBatch hook that holds the worker before batch 4
+	// until resume is called (at the latest when the test ends).
+	pauseAt4 := func(t *testing.T) (hook func(context.Context, int64, int64) error, at4 chan struct{}, resume func()) {
 		var n atomic.Int64
-		hook := func(ctx context.Context, _, _ int64) error {
+		at4, release := make(chan struct{}), make(chan struct{})
+		resume = sync.OnceFunc(func() { close(release) })
+		t.Cleanup(resume)
+		hook = func(ctx context.Context, _, _ int64) error {
 			if n.Add(1) == 4 {
-				srv.restart() // the other worker's batch breaks meanwhile
+				close(at4)
+				<-release
 			}
 			return nil
 		}
-		res := b.runner(billrun.WithBeforeBatch(billrun.Config{BatchSize: 100, Workers: 2, MaxBatchAttempts: 8, RetryBackoff: 100 * time.Millisecond}, hook)).
-			Run(ctx, period, trig())
+		return hook, at4, resume
+	}
+	// run starts the run and waits for its worker to reach batch 4.
+	run := func(t *testing.T, p billrun.Period, cfg billrun.Config, at4 chan struct{}) chan job.Result {
+		t.Helper()
+		result := make(chan job.Result, 1)
+		go func() { result <- b.runner(cfg).Run(ctx, p, trig()) }()
+		select {
+		case <-at4:
+		case res := <-result:
+			t.Fatalf("the run ended before batch 4: %+v", res)
+		}
+		return result
+	}
+
+	t.Run("restart is retried", func(t *testing.T) {
+		hook, at4, resume := pauseAt4(t)
+		// Many tries, up to 3.2s apart: the batch outlives the restart.
+		result := run(t, period, billrun.WithBeforeBatch(billrun.Config{BatchSize: 100, Workers: 1, MaxBatchAttempts: 12,
+			RetryBackoff: 100 * time.Millisecond}, hook), at4)
+		// Batch 4's fence check (FOR SHARE on the bill_runs row) waits for
+		// this lock, so the restart meets a batch transaction in flight.
+		blocker, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = blocker.Rollback(ctx) }()
+		_, err = blocker.Exec(ctx, `select 1 from bill_runs where period = $1 for update`, period.String())
+		require.NoError(t, err)
+		resume()
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			var waiting int
+			require.NoError(c, pool.QueryRow(ctx, `select count(*) from pg_stat_activity
+				where pid <> pg_backend_pid() and wait_event_type = 'Lock' and query ilike '%for share%'`).Scan(&waiting))
+			require.Equal(c, 1, waiting, "batch 4 waiting for the bill_runs row")
+		}, 30*time.Second, 10*time.Millisecond)
+		srv.Restart()
+		res := <-result
 		require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
 		require.Positive(t, res.Counts["batches_retried"], "a batch met the restart")
 		require.Equal(t, seeded.Active, res.Counts["invoices_created"])
@@ -146,22 +128,21 @@ func TestPostgresRestartMidRun(t *testing.T) {
 
 	t.Run("down too long fails, a later run resumes", func(t *testing.T) {
 		p := billrun.Period{Year: 2026, Month: time.December}
-		var n atomic.Int64
-		restarted := make(chan struct{})
-		hook := func(ctx context.Context, _, _ int64) error {
-			if n.Add(1) == 4 {
-				srv.stop()
-				go func() { // back after the batch's retries are spent, before finishTimeout
-					defer close(restarted)
-					time.Sleep(time.Second) // a fixed outage length, not a wait for a state
-					srv.start()
-				}()
-			}
-			return nil
+		hook, at4, resume := pauseAt4(t)
+		// The outage lasts until the run, its batch's tries spent, retries
+		// marking itself FAILED (which it does for up to 15s).
+		finishing := newLogSignal("billrun_retry", "step", "finish")
+		result := run(t, p, billrun.WithBeforeBatch(billrun.Config{BatchSize: 100, Workers: 1, MaxBatchAttempts: 2,
+			RetryBackoff: 50 * time.Millisecond, Logger: slog.New(finishing)}, hook), at4)
+		srv.Stop()
+		resume()
+		select {
+		case <-finishing.seen:
+		case res := <-result:
+			t.Fatalf("the run ended while Postgres was down: %+v", res)
 		}
-		res := b.runner(billrun.WithBeforeBatch(billrun.Config{BatchSize: 100, Workers: 1, MaxBatchAttempts: 2, RetryBackoff: 50 * time.Millisecond}, hook)).
-			Run(ctx, p, trig())
-		<-restarted
+		srv.Start()
+		res := <-result
 		require.Equal(t, job.OutcomeFailed, res.Outcome)
 		require.Equal(t, int64(3), res.Counts["batches_committed"])
 		require.Len(t, b.rec.OfType(events.RunFailed), 1)

@@ -33,7 +33,9 @@ type bundle struct {
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	pg := testenv.Postgres(t)
-	l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "replica-a", WaitTime: 50 * time.Millisecond, WatchdogTimeout: 600 * time.Millisecond})
+	// Renewed every second: a lease a run needs is lost only if renewal stalls
+	// for ~2s, which a busy machine does not do (600ms TTLs lost it at ~370ms).
+	l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "replica-a", WaitTime: 50 * time.Millisecond, WatchdogTimeout: 3 * time.Second})
 	t.Cleanup(func() { _ = l.Close() })
 	return &bundle{pool: pg.Pool, locker: l, rec: &events.Recorder{}}
 }
@@ -79,7 +81,8 @@ func newRunner(pool *pgxpool.Pool, l ownership.Locker, replica string, emit even
 	if err != nil {
 		panic(err)
 	}
-	r, err := owned.NewRunner(reg, owned.Deps{Config: config.Config{ReplicaID: replica}, DB: pool, Locker: l}, emit)
+	// cfg.Logger also gets the template's lines (a run's retries among them).
+	r, err := owned.NewRunner(reg, owned.Deps{Config: config.Config{ReplicaID: replica}, DB: pool, Locker: l, Log: cfg.Logger}, emit)
 	if err != nil {
 		panic(err)
 	}

@@ -4,9 +4,11 @@
 package config
 
 import (
+	"bytes"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net/url"
 	"os"
 	"strconv"
@@ -14,19 +16,31 @@ import (
 	"time"
 
 	"github.com/robfig/cron/v3"
+
+	"github.com/telco-platform/coordinator/internal/ownership/redislock"
+	"github.com/telco-platform/coordinator/internal/redact"
+	"github.com/telco-platform/coordinator/internal/tlsfiles"
 )
 
 // Config is read once in main and handed to each component.
 type Config struct {
-	// DatabaseURL is the Postgres DSN. COORDINATOR_DATABASE_URL, else DATABASE_URL.
+	// DatabaseURL is the Postgres DSN. COORDINATOR_DATABASE_URL, else the
+	// content of COORDINATOR_DATABASE_URL_FILE, else DATABASE_URL.
 	DatabaseURL string
 
 	// LockEnabled false runs single-replica mode with the in-memory locker. Default true.
 	LockEnabled bool
-	// LockRedisURL is redis:// or rediss://. Default REDIS_URL, else redis://127.0.0.1:6379/0.
-	// Sentinel: redis://[:password@]host:port[,host:port...]/db?master_name=NAME.
-	// Cluster: redis://host:port[,host:port...].
+	// LockRedisURL is redis:// or rediss:// in go-redis' own formats
+	// (redis.ParseURL, ParseFailoverURL, ParseClusterURL by LockRedisMode).
+	// Default REDIS_URL, else redis://127.0.0.1:6379/0.
 	LockRedisURL string
+	// LockRedisPassword, from COORDINATOR_LOCK_REDIS_PASSWORD_FILE, is the
+	// Redis data nodes' password when the URL carries none. Default empty.
+	LockRedisPassword string
+	// LockRedisTLSCAFile, LockRedisTLSCertFile and LockRedisTLSKeyFile are
+	// PEM files for rediss://: the CA bundle that verifies the server
+	// (default: the system roots) and a client certificate and key.
+	LockRedisTLSCAFile, LockRedisTLSCertFile, LockRedisTLSKeyFile string
 	// LockRedisMode is single, sentinel or cluster. Default single.
 	LockRedisMode string
 	// LockKeyPrefix prefixes every Redis key. Default "coordinator".
@@ -51,12 +65,28 @@ type Config struct {
 	// KafkaTopicPrefix is prepended to every contract topic name. Default
 	// empty; tests and shared clusters set it to isolate one deployment.
 	KafkaTopicPrefix string
+	// KafkaTLS dials the brokers over TLS. Default: true when any Kafka TLS
+	// file is set, else false.
+	KafkaTLS bool
+	// KafkaTLSCAFile, KafkaTLSCertFile and KafkaTLSKeyFile are PEM files:
+	// the CA bundle that verifies the brokers (default: the system roots)
+	// and a client certificate and key (brokers with ssl.client.auth).
+	KafkaTLSCAFile, KafkaTLSCertFile, KafkaTLSKeyFile string
+	// KafkaSASLMechanism is PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; empty
+	// means no SASL. Default empty.
+	KafkaSASLMechanism string
+	// KafkaSASLUsername and KafkaSASLPassword are the SASL credentials
+	// (the password also from COORDINATOR_KAFKA_SASL_PASSWORD_FILE).
+	KafkaSASLUsername, KafkaSASLPassword string
+	// kafkaTLSSet records that COORDINATOR_KAFKA_TLS was given explicitly.
+	kafkaTLSSet bool
 
 	// ReplicaID is the owner id in events and locks. Default hostname-pid.
 	ReplicaID string
 	// HTTPAddr is the admin/health/metrics listener. Default :8080.
 	HTTPAddr string
-	// AdminToken guards /v1/*; empty means /v1/* answers 403.
+	// AdminToken guards /v1/*; empty means /v1/* answers 403. At least
+	// MinAdminTokenBytes long. Also from COORDINATOR_ADMIN_TOKEN_FILE.
 	AdminToken string
 
 	// ReaperSchedule is a robfig/cron spec (seconds field optional). Default "@every 30s"; empty disables.
@@ -86,12 +116,54 @@ type Config struct {
 
 // setting binds one variable to its flag, default and parser.
 type setting struct {
-	env    string
-	flag   string
-	usage  string
-	def    func(getenv func(string) string) string
-	apply  func(c *Config, v string) error
-	secret bool
+	env   string
+	flag  string
+	usage string
+	def   func(getenv func(string) string) string
+	apply func(c *Config, v string) error
+	// secret says how the value is shown in errors: not at all (opaque)
+	// or with its password hidden (url).
+	secret secrecy
+	// file names the variable whose value is a file holding this setting
+	// (ENV_FILE, flag --FLAG-file), for secrets that must not sit in the
+	// environment or on the command line.
+	file string
+	// cmdline, when set, refuses values given as a flag: the command line
+	// is readable by every local user (/proc/PID/cmdline, ps).
+	cmdline func(v string) error
+}
+
+type secrecy int
+
+const (
+	public secrecy = iota
+	secretURL
+	secretOpaque
+)
+
+// MinAdminTokenBytes is the shortest admin token accepted (256 bits of hex
+// or base64 is longer; a guessable word is shorter).
+const MinAdminTokenBytes = 32
+
+// maxSecretFileBytes bounds what a *_FILE variable may point at.
+const maxSecretFileBytes = 64 << 10
+
+func refuseOnCommandLine(env string) func(string) error {
+	return func(v string) error {
+		if v == "" {
+			return nil
+		}
+		return fmt.Errorf("a secret on the command line is visible to every local user (ps, /proc/PID/cmdline): set %s or %s_FILE instead", env, env)
+	}
+}
+
+func refusePasswordOnCommandLine(env string) func(string) error {
+	return func(v string) error {
+		if !redact.HasPassword(v) {
+			return nil
+		}
+		return fmt.Errorf("a password on the command line is visible to every local user (ps, /proc/PID/cmdline): set %s or %s_FILE instead", env, env)
+	}
 }
 
 func lit(s string) func(func(string) string) string {
@@ -110,11 +182,27 @@ func fallback(env, def string) func(func(string) string) string {
 func settings() []setting {
 	return []setting{
 		{env: "COORDINATOR_DATABASE_URL", flag: "database-url", usage: "Postgres DSN", def: fallback("DATABASE_URL", ""),
-			apply: func(c *Config, v string) error { c.DatabaseURL = v; return checkPostgresURL(v) }, secret: true},
+			apply: func(c *Config, v string) error { c.DatabaseURL = v; return checkPostgresURL(v) }, secret: secretURL,
+			file: "COORDINATOR_DATABASE_URL_FILE", cmdline: refusePasswordOnCommandLine("COORDINATOR_DATABASE_URL")},
 		{env: "COORDINATOR_LOCK_ENABLED", flag: "lock-enabled", usage: "false = single-replica mode with the in-memory locker", def: lit("true"),
 			apply: func(c *Config, v string) (err error) { c.LockEnabled, err = strconv.ParseBool(v); return err }},
-		{env: "COORDINATOR_LOCK_REDIS_URL", flag: "lock-redis-url", usage: "redis:// or rediss:// URL of the lock backend", def: fallback("REDIS_URL", "redis://127.0.0.1:6379/0"),
-			apply: func(c *Config, v string) error { c.LockRedisURL = v; return checkRedisURL(v) }, secret: true},
+		{env: "COORDINATOR_LOCK_REDIS_URL", flag: "lock-redis-url", usage: "redis:// or rediss:// URL of the lock backend (go-redis format)", def: fallback("REDIS_URL", "redis://127.0.0.1:6379/0"),
+			apply: func(c *Config, v string) error { c.LockRedisURL = v; return checkRedisURL(v) }, secret: secretURL,
+			file: "COORDINATOR_LOCK_REDIS_URL_FILE", cmdline: refusePasswordOnCommandLine("COORDINATOR_LOCK_REDIS_URL")},
+		{env: "COORDINATOR_LOCK_REDIS_PASSWORD_FILE", flag: "lock-redis-password-file", usage: "file holding the Redis password (when the URL has none)", def: lit(""),
+			apply: func(c *Config, v string) (err error) {
+				if v == "" {
+					return nil
+				}
+				c.LockRedisPassword, err = readSecretFile(v)
+				return err
+			}},
+		{env: "COORDINATOR_LOCK_REDIS_TLS_CA_FILE", flag: "lock-redis-tls-ca-file", usage: "PEM CA bundle verifying the Redis server (rediss://; default system roots)", def: lit(""),
+			apply: func(c *Config, v string) error { c.LockRedisTLSCAFile = v; return nil }},
+		{env: "COORDINATOR_LOCK_REDIS_TLS_CERT_FILE", flag: "lock-redis-tls-cert-file", usage: "PEM client certificate for Redis (with the key file)", def: lit(""),
+			apply: func(c *Config, v string) error { c.LockRedisTLSCertFile = v; return nil }},
+		{env: "COORDINATOR_LOCK_REDIS_TLS_KEY_FILE", flag: "lock-redis-tls-key-file", usage: "PEM private key of the Redis client certificate", def: lit(""),
+			apply: func(c *Config, v string) error { c.LockRedisTLSKeyFile = v; return nil }},
 		{env: "COORDINATOR_LOCK_REDIS_MODE", flag: "lock-redis-mode", usage: "single, sentinel or cluster", def: lit("single"),
 			apply: func(c *Config, v string) error { c.LockRedisMode = v; return oneOf(v, "single", "sentinel", "cluster") }},
 		{env: "COORDINATOR_LOCK_KEY_PREFIX", flag: "lock-key-prefix", usage: "prefix of every Redis key", def: lit("coordinator"),
@@ -150,12 +238,41 @@ func settings() []setting {
 				}
 				return checkName(v)
 			}},
+		{env: "COORDINATOR_KAFKA_TLS", flag: "kafka-tls", usage: "dial the brokers over TLS (default true when a Kafka TLS file is set)", def: lit(""),
+			apply: func(c *Config, v string) (err error) {
+				if v == "" {
+					return nil
+				}
+				c.kafkaTLSSet = true
+				c.KafkaTLS, err = strconv.ParseBool(v)
+				return err
+			}},
+		{env: "COORDINATOR_KAFKA_TLS_CA_FILE", flag: "kafka-tls-ca-file", usage: "PEM CA bundle verifying the brokers (default system roots)", def: lit(""),
+			apply: func(c *Config, v string) error { c.KafkaTLSCAFile = v; return nil }},
+		{env: "COORDINATOR_KAFKA_TLS_CERT_FILE", flag: "kafka-tls-cert-file", usage: "PEM client certificate for the brokers (with the key file)", def: lit(""),
+			apply: func(c *Config, v string) error { c.KafkaTLSCertFile = v; return nil }},
+		{env: "COORDINATOR_KAFKA_TLS_KEY_FILE", flag: "kafka-tls-key-file", usage: "PEM private key of the Kafka client certificate", def: lit(""),
+			apply: func(c *Config, v string) error { c.KafkaTLSKeyFile = v; return nil }},
+		{env: "COORDINATOR_KAFKA_SASL_MECHANISM", flag: "kafka-sasl-mechanism", usage: "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (empty: no SASL)", def: lit(""),
+			apply: func(c *Config, v string) error {
+				c.KafkaSASLMechanism = strings.ToUpper(v)
+				if v == "" {
+					return nil
+				}
+				return oneOf(c.KafkaSASLMechanism, SASLPlain, SASLScramSHA256, SASLScramSHA512)
+			}},
+		{env: "COORDINATOR_KAFKA_SASL_USERNAME", flag: "kafka-sasl-username", usage: "SASL user name", def: lit(""),
+			apply: func(c *Config, v string) error { c.KafkaSASLUsername = v; return nil }},
+		{env: "COORDINATOR_KAFKA_SASL_PASSWORD", flag: "kafka-sasl-password", usage: "SASL password; refused as a flag", def: lit(""),
+			apply: func(c *Config, v string) error { c.KafkaSASLPassword = v; return nil }, secret: secretOpaque,
+			file: "COORDINATOR_KAFKA_SASL_PASSWORD_FILE", cmdline: refuseOnCommandLine("COORDINATOR_KAFKA_SASL_PASSWORD")},
 		{env: "COORDINATOR_REPLICA_ID", flag: "replica-id", usage: "owner id shown in events and locks (default hostname-pid)", def: lit(""),
 			apply: func(c *Config, v string) error { c.ReplicaID = v; return checkReplicaID(v) }},
 		{env: "COORDINATOR_HTTP_ADDR", flag: "http-addr", usage: "admin API, health and metrics listener", def: lit(":8080"),
 			apply: func(c *Config, v string) error { c.HTTPAddr = v; return checkAddr(v) }},
-		{env: "COORDINATOR_ADMIN_TOKEN", flag: "admin-token", usage: "bearer token for /v1/* (unset = 403)", def: lit(""),
-			apply: func(c *Config, v string) error { c.AdminToken = v; return nil }, secret: true},
+		{env: "COORDINATOR_ADMIN_TOKEN", flag: "admin-token", usage: "bearer token for /v1/*, at least 32 bytes (unset = 403); refused as a flag", def: lit(""),
+			apply: func(c *Config, v string) error { c.AdminToken = v; return checkAdminToken(v) }, secret: secretOpaque,
+			file: "COORDINATOR_ADMIN_TOKEN_FILE", cmdline: refuseOnCommandLine("COORDINATOR_ADMIN_TOKEN")},
 		{env: "COORDINATOR_REAPER_SCHEDULE", flag: "reaper-schedule", usage: "robfig/cron spec of the MSISDN reaper; empty disables", def: lit("@every 30s"),
 			apply: func(c *Config, v string) error { c.ReaperSchedule = v; return checkSchedule(v) }},
 		{env: "COORDINATOR_REAPER_LEASE", flag: "reaper-lease", usage: "explicit lease of one sweep", def: lit("20s"),
@@ -206,9 +323,10 @@ func (e *Error) Unwrap() error { return e.Err }
 // Binding ties the configuration flags to a FlagSet that may carry a
 // command's own flags too.
 type Binding struct {
-	fs     *flag.FlagSet
-	getenv func(string) string
-	vals   []*string
+	fs       *flag.FlagSet
+	getenv   func(string) string
+	vals     []*string
+	fileVals []*string
 }
 
 // Bind adds every configuration flag to fs, each with its type and its
@@ -222,7 +340,7 @@ func Bind(fs *flag.FlagSet, getenv func(string) string) *Binding {
 	for _, s := range settings() {
 		typ := cmpOr(flagTypes[s.flag], "string")
 		v := &flagValue{bool: typ == "bool"}
-		if !s.secret {
+		if s.secret == public {
 			v.raw = s.def(getenv)
 		}
 		// A back-quoted type is what -h shows after the flag's name; a bool
@@ -234,6 +352,11 @@ func Bind(fs *flag.FlagSet, getenv func(string) string) *Binding {
 		fs.Var(v, s.flag, fmt.Sprintf("%s (%s, $%s)", s.usage, quoted, s.env))
 		v.raw = ""
 		b.vals = append(b.vals, &v.raw)
+		var fv *string
+		if s.file != "" {
+			fv = fs.String(s.flag+"-file", "", "file holding the value of --"+s.flag+" (`path`, $"+s.file+")")
+		}
+		b.fileVals = append(b.fileVals, fv)
 	}
 	return b
 }
@@ -246,6 +369,10 @@ var flagTypes = map[string]string{
 	"http-addr": "host:port", "reaper-schedule": "cron", "reaper-lease": "duration", "reaper-batch-size": "int",
 	"reaper-min-hold": "duration", "billrun-schedule": "cron", "billrun-batch-size": "int", "billrun-workers": "int",
 	"shutdown-timeout": "duration", "log-level": "level", "log-format": "format",
+	"kafka-tls": "bool", "kafka-tls-ca-file": "path", "kafka-tls-cert-file": "path", "kafka-tls-key-file": "path",
+	"kafka-sasl-mechanism": "mechanism", "lock-redis-tls-ca-file": "path", "lock-redis-tls-cert-file": "path",
+	"lock-redis-tls-key-file": "path", "lock-redis-password-file": "path", "admin-token": "token",
+	"kafka-sasl-password": "password",
 }
 
 // flagValue keeps a flag's raw text: Config parses it with the variable's
@@ -267,24 +394,51 @@ func (v *flagValue) Set(s string) error { v.raw = s; return nil }
 func (v *flagValue) IsBoolFlag() bool { return v != nil && v.bool }
 
 // Config reads the environment, then the parsed flags (a flag wins over its
-// variable), fills defaults and validates. Nothing is contacted.
+// variable), fills defaults and validates. Nothing is contacted; files named
+// by *_FILE variables and TLS files are read.
 func (b *Binding) Config() (Config, error) {
 	set := map[string]bool{}
 	b.fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	var c Config
 	for i, s := range settings() {
 		v := b.getenv(s.env)
-		if set[s.flag] {
+		fromFlag := set[s.flag]
+		if fromFlag {
 			v = *b.vals[i]
-		} else if v == "" {
+			if s.cmdline != nil {
+				if err := s.cmdline(v); err != nil {
+					return Config{}, &Error{Variable: s.env, Flag: s.flag, Value: s.show(v), Err: err}
+				}
+			}
+		}
+		variable, flagName, fromFile := s.env, s.flag, ""
+		if s.file != "" {
+			path := b.getenv(s.file)
+			if set[s.flag+"-file"] {
+				path = *b.fileVals[i]
+			}
+			if path != "" {
+				variable, flagName, fromFile = s.file, s.flag+"-file", path
+				if v != "" {
+					return Config{}, &Error{Variable: s.file, Flag: flagName, Value: path,
+						Err: fmt.Errorf("%s is set too: set one of them", s.env)}
+				}
+				content, err := readSecretFile(path)
+				if err != nil {
+					return Config{}, &Error{Variable: s.file, Flag: flagName, Value: path, Err: err}
+				}
+				v = content
+			}
+		}
+		if v == "" && !fromFlag && fromFile == "" {
 			v = s.def(b.getenv)
 		}
 		if err := s.apply(&c, v); err != nil {
-			shown := v
-			if s.secret {
-				shown = redact(v)
+			shown := s.show(v)
+			if fromFile != "" {
+				shown = fromFile
 			}
-			return Config{}, &Error{Variable: s.env, Flag: s.flag, Value: shown, Err: err}
+			return Config{}, &Error{Variable: variable, Flag: flagName, Value: shown, Err: err}
 		}
 	}
 	if c.ReplicaID == "" {
@@ -292,6 +446,19 @@ func (b *Binding) Config() (Config, error) {
 		c.ReplicaID = fmt.Sprintf("%s-%d", cmpOr(host, "replica"), os.Getpid())
 	}
 	return c, c.validate()
+}
+
+// show is how the value appears in an error.
+func (s setting) show(v string) string {
+	switch {
+	case v == "":
+		return ""
+	case s.secret == secretURL:
+		return redact.URL(v)
+	case s.secret == secretOpaque:
+		return redact.Mask
+	}
+	return v
 }
 
 // Load is Bind plus Parse for commands with no flags of their own. It returns
@@ -312,7 +479,106 @@ func (c Config) validate() error {
 		return &Error{Variable: "COORDINATOR_LOCK_WAIT_TIME", Flag: "lock-wait-time", Value: c.LockWaitTime.String(),
 			Err: fmt.Errorf("must not exceed 10x COORDINATOR_LOCK_WATCHDOG_TIMEOUT (%s)", c.LockWatchdogTimeout)}
 	}
+	if err := c.validateRedis(); err != nil {
+		return err
+	}
+	return c.validateKafka()
+}
+
+func (c Config) validateRedis() error {
+	urlErr := func(err error) error {
+		return &Error{Variable: "COORDINATOR_LOCK_REDIS_URL", Flag: "lock-redis-url", Value: redact.URL(c.LockRedisURL), Err: err}
+	}
+	opts, err := redislock.ParseOptions(c.LockRedisURL, c.LockRedisMode)
+	if err != nil {
+		return urlErr(err)
+	}
+	if c.LockRedisPassword != "" && opts.Password != "" {
+		return urlErr(errors.New("carries a password and COORDINATOR_LOCK_REDIS_PASSWORD_FILE is set: keep the password in one place"))
+	}
+	files := c.LockRedisTLSFiles()
+	if !files.Any() {
+		return nil
+	}
+	if opts.TLSConfig == nil {
+		return urlErr(errors.New("the COORDINATOR_LOCK_REDIS_TLS_* files need a rediss:// URL"))
+	}
+	return checkTLSFiles(files)
+}
+
+// checkTLSFiles loads the files once, so a bad one stops start-up naming it.
+func checkTLSFiles(files tlsfiles.Files) error {
+	_, err := files.Config()
+	var te *tlsfiles.Error
+	if errors.As(err, &te) {
+		return &Error{Variable: te.Variable, Flag: flagOf(te.Variable), Value: te.Path, Err: te.Err}
+	}
+	return err
+}
+
+// flagOf is the flag of a COORDINATOR_* variable.
+func flagOf(env string) string {
+	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(env, "COORDINATOR_")), "_", "-")
+}
+
+func (c Config) validateKafka() error {
+	files := c.KafkaTLSFiles()
+	if files.Any() {
+		if c.kafkaTLSSet && !c.KafkaTLS {
+			return &Error{Variable: "COORDINATOR_KAFKA_TLS", Flag: "kafka-tls", Value: "false",
+				Err: errors.New("contradicts the COORDINATOR_KAFKA_TLS_* files that are set")}
+		}
+		if err := checkTLSFiles(files); err != nil {
+			return err
+		}
+	}
+	saslErr := func(variable, flag, value, msg string) error {
+		return &Error{Variable: variable, Flag: flag, Value: value, Err: errors.New(msg)}
+	}
+	switch {
+	case c.KafkaSASLMechanism == "" && (c.KafkaSASLUsername != "" || c.KafkaSASLPassword != ""):
+		return saslErr("COORDINATOR_KAFKA_SASL_MECHANISM", "kafka-sasl-mechanism", "",
+			"required when a SASL user name or password is set (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)")
+	case c.KafkaSASLMechanism == "":
+	case c.KafkaSASLUsername == "":
+		return saslErr("COORDINATOR_KAFKA_SASL_USERNAME", "kafka-sasl-username", "",
+			"required with COORDINATOR_KAFKA_SASL_MECHANISM="+c.KafkaSASLMechanism)
+	case c.KafkaSASLPassword == "":
+		return saslErr("COORDINATOR_KAFKA_SASL_PASSWORD", "kafka-sasl-password", "",
+			"required with COORDINATOR_KAFKA_SASL_MECHANISM="+c.KafkaSASLMechanism+" (or COORDINATOR_KAFKA_SASL_PASSWORD_FILE)")
+	case c.KafkaSASLMechanism == SASLPlain && !c.KafkaTLSEnabled():
+		return saslErr("COORDINATOR_KAFKA_SASL_MECHANISM", "kafka-sasl-mechanism", SASLPlain,
+			"PLAIN sends the password in clear text: enable TLS (COORDINATOR_KAFKA_TLS=true or a COORDINATOR_KAFKA_TLS_* file) or use SCRAM")
+	}
 	return nil
+}
+
+// SASL mechanisms of COORDINATOR_KAFKA_SASL_MECHANISM.
+const (
+	SASLPlain       = "PLAIN"
+	SASLScramSHA256 = "SCRAM-SHA-256"
+	SASLScramSHA512 = "SCRAM-SHA-512"
+)
+
+// KafkaTLSEnabled reports whether Kafka clients dial over TLS: explicitly,
+// or because a TLS file is set.
+func (c Config) KafkaTLSEnabled() bool {
+	if c.kafkaTLSSet {
+		return c.KafkaTLS
+	}
+	return c.KafkaTLS || c.KafkaTLSFiles().Any()
+}
+
+// KafkaTLSFiles are the Kafka clients' PEM files.
+func (c Config) KafkaTLSFiles() tlsfiles.Files {
+	return tlsfiles.Files{CA: c.KafkaTLSCAFile, Cert: c.KafkaTLSCertFile, Key: c.KafkaTLSKeyFile,
+		CAVar: "COORDINATOR_KAFKA_TLS_CA_FILE", CertVar: "COORDINATOR_KAFKA_TLS_CERT_FILE", KeyVar: "COORDINATOR_KAFKA_TLS_KEY_FILE"}
+}
+
+// LockRedisTLSFiles are the Redis client's PEM files.
+func (c Config) LockRedisTLSFiles() tlsfiles.Files {
+	return tlsfiles.Files{CA: c.LockRedisTLSCAFile, Cert: c.LockRedisTLSCertFile, Key: c.LockRedisTLSKeyFile,
+		CAVar: "COORDINATOR_LOCK_REDIS_TLS_CA_FILE", CertVar: "COORDINATOR_LOCK_REDIS_TLS_CERT_FILE", KeyVar: "COORDINATOR_LOCK_REDIS_TLS_KEY_FILE"}
 }
 
 // RequireDatabase returns an error naming the variable when no DSN is set.
@@ -402,16 +668,18 @@ func checkPostgresURL(v string) error {
 	return errors.New("must be a postgres:// URL or a key=value DSN")
 }
 
+// checkRedisURL is the check that needs no mode; validate parses the URL
+// with go-redis once the mode is known.
 func checkRedisURL(v string) error {
-	u, err := url.Parse(v)
-	if err != nil {
-		return errors.New("not a valid URL")
-	}
-	if u.Scheme != "redis" && u.Scheme != "rediss" {
+	if !strings.HasPrefix(v, "redis://") && !strings.HasPrefix(v, "rediss://") {
 		return errors.New("scheme must be redis:// or rediss://")
 	}
-	if u.Host == "" {
-		return errors.New("missing host")
+	return nil
+}
+
+func checkAdminToken(v string) error {
+	if v != "" && len(v) < MinAdminTokenBytes {
+		return fmt.Errorf("must be at least %d bytes, it has %d (generate one: openssl rand -hex 32)", MinAdminTokenBytes, len(v))
 	}
 	return nil
 }
@@ -429,6 +697,29 @@ func waitReplicas(v string) (int, error) {
 		return 0, errors.New("must be auto, none or a count from 1 to 16")
 	}
 	return n, nil
+}
+
+// readSecretFile returns the content of a *_FILE variable's file without
+// its final line break (files written by echo or editors have one).
+func readSecretFile(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxSecretFileBytes+1))
+	if err != nil {
+		return "", err
+	}
+	if len(b) > maxSecretFileBytes {
+		return "", fmt.Errorf("larger than %d bytes", maxSecretFileBytes)
+	}
+	b = bytes.TrimSuffix(b, []byte("\n"))
+	b = bytes.TrimSuffix(b, []byte("\r"))
+	if len(b) == 0 {
+		return "", errors.New("the file is empty")
+	}
+	return string(b), nil
 }
 
 func checkPrefix(v string) error {
@@ -493,24 +784,4 @@ func defaultMinHold(schedule string) time.Duration {
 		return 0
 	}
 	return d / 2
-}
-
-func redact(v string) string {
-	if v == "" {
-		return ""
-	}
-	if u, err := url.Parse(v); err == nil && u.User != nil {
-		if _, has := u.User.Password(); has {
-			u.User = url.UserPassword(u.User.Username(), "REDACTED")
-			return u.String()
-		}
-		return v
-	}
-	if strings.Contains(v, "password=") {
-		return "REDACTED"
-	}
-	if strings.Contains(v, "://") {
-		return v
-	}
-	return "REDACTED"
 }

@@ -2,12 +2,16 @@ package config_test
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/telco-platform/coordinator/internal/config"
+	"github.com/telco-platform/coordinator/internal/testenv"
 )
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
@@ -106,4 +110,223 @@ func TestCronSpecsAcceptSecondsAndTZ(t *testing.T) {
 		_, err := config.CronParser.Parse(spec)
 		require.NoError(t, err, spec)
 	}
+}
+
+func TestSecretFiles(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte(content), 0o600))
+		return p
+	}
+	token := strings.Repeat("t", 40)
+	c, _, err := config.Load("serve", nil, env(map[string]string{
+		"COORDINATOR_DATABASE_URL_FILE":        write("db", "postgres://app:p%40ss@db:5432/x?sslmode=verify-full\n"),
+		"COORDINATOR_LOCK_REDIS_URL_FILE":      write("redis", "rediss://coordinator@r:6380/0\r\n"),
+		"COORDINATOR_LOCK_REDIS_PASSWORD_FILE": write("redispw", "redis-secret\n"),
+		"COORDINATOR_ADMIN_TOKEN_FILE":         write("token", token+"\n"),
+		"COORDINATOR_KAFKA_SASL_MECHANISM":     "scram-sha-512",
+		"COORDINATOR_KAFKA_SASL_USERNAME":      "coordinator",
+		"COORDINATOR_KAFKA_SASL_PASSWORD_FILE": write("kafkapw", "kafka-secret"),
+	}))
+	require.NoError(t, err)
+	require.Equal(t, "postgres://app:p%40ss@db:5432/x?sslmode=verify-full", c.DatabaseURL, "one final newline dropped")
+	require.Equal(t, "rediss://coordinator@r:6380/0", c.LockRedisURL)
+	require.Equal(t, "redis-secret", c.LockRedisPassword)
+	require.Equal(t, token, c.AdminToken)
+	require.Equal(t, config.SASLScramSHA512, c.KafkaSASLMechanism)
+	require.Equal(t, "kafka-secret", c.KafkaSASLPassword)
+
+	// The flag form of a _FILE variable is allowed: it names a path, not a secret.
+	c, _, err = config.Load("serve", []string{"--admin-token-file", write("token2", token)}, env(nil))
+	require.NoError(t, err)
+	require.Equal(t, token, c.AdminToken)
+
+	for _, tc := range []struct {
+		name     string
+		env      map[string]string
+		variable string
+		want     string
+	}{
+		{"both set", map[string]string{"COORDINATOR_ADMIN_TOKEN": token, "COORDINATOR_ADMIN_TOKEN_FILE": write("t3", token)},
+			"COORDINATOR_ADMIN_TOKEN_FILE", "COORDINATOR_ADMIN_TOKEN is set too"},
+		{"missing file", map[string]string{"COORDINATOR_DATABASE_URL_FILE": filepath.Join(dir, "nope")},
+			"COORDINATOR_DATABASE_URL_FILE", "no such file"},
+		{"empty file", map[string]string{"COORDINATOR_KAFKA_SASL_PASSWORD_FILE": write("empty", "\n")},
+			"COORDINATOR_KAFKA_SASL_PASSWORD_FILE", "empty"},
+		{"short token from a file", map[string]string{"COORDINATOR_ADMIN_TOKEN_FILE": write("short", "CHANGE-ME\n")},
+			"COORDINATOR_ADMIN_TOKEN_FILE", "at least 32 bytes"},
+	} {
+		_, _, err := config.Load("serve", nil, env(tc.env))
+		var cerr *config.Error
+		require.True(t, errors.As(err, &cerr), "%s: %v", tc.name, err)
+		require.Equal(t, tc.variable, cerr.Variable, tc.name)
+		require.ErrorContains(t, err, tc.want, tc.name)
+		require.NotContains(t, err.Error(), token, tc.name)
+		require.NotContains(t, err.Error(), "CHANGE-ME", tc.name)
+	}
+}
+
+func TestAdminTokenLength(t *testing.T) {
+	t.Parallel()
+	for _, tok := range []string{"CHANGE-ME", "change-me", strings.Repeat("x", config.MinAdminTokenBytes-1)} {
+		_, _, err := config.Load("serve", nil, env(map[string]string{"COORDINATOR_ADMIN_TOKEN": tok}))
+		var cerr *config.Error
+		require.True(t, errors.As(err, &cerr), "%q: %v", tok, err)
+		require.Equal(t, "COORDINATOR_ADMIN_TOKEN", cerr.Variable)
+		require.ErrorContains(t, err, "at least 32 bytes")
+		require.NotContains(t, err.Error(), tok)
+	}
+	c, _, err := config.Load("serve", nil, env(map[string]string{"COORDINATOR_ADMIN_TOKEN": strings.Repeat("x", config.MinAdminTokenBytes)}))
+	require.NoError(t, err)
+	require.Len(t, c.AdminToken, config.MinAdminTokenBytes)
+}
+
+func TestSecretsRefusedOnTheCommandLine(t *testing.T) {
+	t.Parallel()
+	token := strings.Repeat("s", 40)
+	for _, tc := range []struct {
+		args     []string
+		variable string
+	}{
+		{[]string{"--admin-token", token}, "COORDINATOR_ADMIN_TOKEN"},
+		{[]string{"--kafka-sasl-password", "hunter2"}, "COORDINATOR_KAFKA_SASL_PASSWORD"},
+		{[]string{"--database-url", "postgres://app:hunter2@db/x"}, "COORDINATOR_DATABASE_URL"},
+		{[]string{"--lock-redis-url", "redis://:hunter2@r:6379/0"}, "COORDINATOR_LOCK_REDIS_URL"},
+		{[]string{"--lock-redis-url", "redis://s:6379/0?master_name=m&password=hunter2", "--lock-redis-mode", "sentinel"}, "COORDINATOR_LOCK_REDIS_URL"},
+	} {
+		_, _, err := config.Load("serve", tc.args, env(nil))
+		var cerr *config.Error
+		require.True(t, errors.As(err, &cerr), "%v: %v", tc.args, err)
+		require.Equal(t, tc.variable, cerr.Variable)
+		require.ErrorContains(t, err, "/proc/PID/cmdline")
+		require.ErrorContains(t, err, tc.variable+"_FILE")
+		require.NotContains(t, err.Error(), "hunter2")
+		require.NotContains(t, err.Error(), token)
+	}
+	// URLs without a password are fine as flags.
+	c, _, err := config.Load("serve", []string{"--database-url", "postgres://app@db/x?sslmode=verify-full",
+		"--lock-redis-url", "rediss://coordinator@r:6380/0"}, env(nil))
+	require.NoError(t, err)
+	require.Equal(t, "postgres://app@db/x?sslmode=verify-full", c.DatabaseURL)
+}
+
+func TestKafkaSecuritySettings(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	ca, _, _ := testenv.ForeignTLS(t) // any PEM CA certificate
+
+	c, _, err := config.Load("serve", nil, env(map[string]string{"COORDINATOR_KAFKA_TLS_CA_FILE": ca}))
+	require.NoError(t, err)
+	require.True(t, c.KafkaTLSEnabled(), "a CA file turns TLS on")
+	require.Equal(t, ca, c.KafkaTLSCAFile)
+	c, _, err = config.Load("serve", nil, env(map[string]string{"COORDINATOR_KAFKA_TLS": "true"}))
+	require.NoError(t, err)
+	require.True(t, c.KafkaTLSEnabled(), "TLS with the system roots")
+	c, _, err = config.Load("serve", nil, env(nil))
+	require.NoError(t, err)
+	require.False(t, c.KafkaTLSEnabled())
+
+	for _, tc := range []struct {
+		env      map[string]string
+		variable string
+		want     string
+	}{
+		{map[string]string{"COORDINATOR_KAFKA_SASL_MECHANISM": "GSSAPI"}, "COORDINATOR_KAFKA_SASL_MECHANISM", "must be one of"},
+		{map[string]string{"COORDINATOR_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512", "COORDINATOR_KAFKA_SASL_PASSWORD": "pw"}, "COORDINATOR_KAFKA_SASL_USERNAME", "required"},
+		{map[string]string{"COORDINATOR_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512", "COORDINATOR_KAFKA_SASL_USERNAME": "u"}, "COORDINATOR_KAFKA_SASL_PASSWORD", "required"},
+		{map[string]string{"COORDINATOR_KAFKA_SASL_USERNAME": "u"}, "COORDINATOR_KAFKA_SASL_MECHANISM", "required"},
+		{map[string]string{"COORDINATOR_KAFKA_SASL_MECHANISM": "PLAIN", "COORDINATOR_KAFKA_SASL_USERNAME": "u", "COORDINATOR_KAFKA_SASL_PASSWORD": "pw"},
+			"COORDINATOR_KAFKA_SASL_MECHANISM", "clear text"},
+		{map[string]string{"COORDINATOR_KAFKA_TLS": "false", "COORDINATOR_KAFKA_TLS_CA_FILE": ca}, "COORDINATOR_KAFKA_TLS", "contradicts"},
+		{map[string]string{"COORDINATOR_KAFKA_TLS_CA_FILE": filepath.Join(dir, "missing.crt")}, "COORDINATOR_KAFKA_TLS_CA_FILE", "no such file"},
+		{map[string]string{"COORDINATOR_KAFKA_TLS_CA_FILE": filepath.Join("testdata", "not-pem.txt")}, "COORDINATOR_KAFKA_TLS_CA_FILE", "no PEM certificate"},
+		{map[string]string{"COORDINATOR_KAFKA_TLS_CERT_FILE": ca}, "COORDINATOR_KAFKA_TLS_KEY_FILE", "required with COORDINATOR_KAFKA_TLS_CERT_FILE"},
+		{map[string]string{"COORDINATOR_LOCK_REDIS_TLS_CA_FILE": ca}, "COORDINATOR_LOCK_REDIS_URL", "rediss://"},
+		{map[string]string{"COORDINATOR_LOCK_REDIS_URL": "rediss://r:6380/0", "COORDINATOR_LOCK_REDIS_TLS_KEY_FILE": ca}, "COORDINATOR_LOCK_REDIS_TLS_CERT_FILE", "required"},
+	} {
+		_, _, err := config.Load("serve", nil, env(tc.env))
+		var cerr *config.Error
+		require.True(t, errors.As(err, &cerr), "%v: %v", tc.env, err)
+		require.Equal(t, tc.variable, cerr.Variable, "%v: %v", tc.env, err)
+		require.ErrorContains(t, err, tc.want)
+		require.NotContains(t, err.Error(), `"pw"`)
+	}
+}
+
+func TestRedisURLsInGoRedisFormats(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ url, mode string }{
+		{"redis://127.0.0.1:6379/0", "single"},
+		{"rediss://coordinator@cache.internal:6380/2?dial_timeout=2s", "single"},
+		{"redis://s1:26379/0?master_name=locks&addr=s2:26379&addr=s3:26379", "sentinel"},
+		{"redis://n1:7000?addr=n2:7000&addr=n3:7000", "cluster"},
+	} {
+		_, _, err := config.Load("serve", nil, env(map[string]string{"COORDINATOR_LOCK_REDIS_URL": tc.url, "COORDINATOR_LOCK_REDIS_MODE": tc.mode}))
+		require.NoError(t, err, tc.url)
+	}
+	// The old private format's comma list is refused with a pointer to the new one.
+	_, _, err := config.Load("serve", nil, env(map[string]string{"COORDINATOR_LOCK_REDIS_URL": "redis://:pw@a:1,b:2/0?master_name=m", "COORDINATOR_LOCK_REDIS_MODE": "sentinel"}))
+	require.ErrorContains(t, err, "?addr=")
+	require.ErrorContains(t, err, "COORDINATOR_LOCK_REDIS_URL")
+}
+
+// The shapes of secret that used to be echoed: a DSN whose password holds a
+// '%' or '#' (url.Parse fails and quoted the whole DSN), a sentinel password,
+// an unknown option's value.
+func TestSecretsNeverEchoed(t *testing.T) {
+	t.Parallel()
+	for _, e := range []map[string]string{
+		{"COORDINATOR_DATABASE_URL": "postgres://app:Hunter2%zz@db/x"},
+		{"COORDINATOR_DATABASE_URL": "postgres://app:Hunter2#x@db/x"},
+		{"COORDINATOR_DATABASE_URL": "mysql://app:Hunter2@db/x"},
+		{"COORDINATOR_LOCK_REDIS_URL": "redis://:Hunter2%zz@r:6379/0"},
+		{"COORDINATOR_LOCK_REDIS_URL": "redis://s:6379/0?master_name=m&password=Hunter2&bogus=1", "COORDINATOR_LOCK_REDIS_MODE": "sentinel"},
+		{"COORDINATOR_LOCK_REDIS_URL": "redis://:s3nt@s:6379/0?master_name=m&frobnicate=Hunter2", "COORDINATOR_LOCK_REDIS_MODE": "sentinel"},
+		{"COORDINATOR_LOCK_REDIS_URL": "redis://r:6379/0?dial_timeout=Hunter2"},
+	} {
+		_, _, err := config.Load("serve", nil, env(e))
+		require.Error(t, err, "%v", e)
+		require.NotContains(t, err.Error(), "Hunter2", "%v", e)
+		require.NotContains(t, err.Error(), "s3nt", "%v", e)
+	}
+}
+
+// FuzzSecretsNeverEchoed: whatever a secret setting holds, a config error
+// never shows it. The secret is framed by markers that appear nowhere else,
+// so a leak of its start or end is caught even when the middle is mangled.
+func FuzzSecretsNeverEchoed(f *testing.F) {
+	for _, s := range []string{"hunter2", "p%zz", "a#b", "a@b/c?d", "", "%", ",x:1", "&password=x", "\n"} {
+		f.Add(s, uint8(0))
+	}
+	f.Fuzz(func(t *testing.T, fuzz string, which uint8) {
+		secret := "S3CR" + fuzz + "T0P"
+		settings := []map[string]string{
+			{"COORDINATOR_DATABASE_URL": "postgres://app:" + secret + "@db:5432/x"},
+			{"COORDINATOR_DATABASE_URL": "host=db password=" + secret},
+			{"COORDINATOR_LOCK_REDIS_URL": "redis://:" + secret + "@r:6379/0"},
+			{"COORDINATOR_LOCK_REDIS_URL": "rediss://u:" + secret + "@r:6380/0?" + fuzz, "COORDINATOR_LOCK_REDIS_MODE": "cluster"},
+			{"COORDINATOR_LOCK_REDIS_URL": "redis://s:" + secret + "@s:26379/0?master_name=m&password=" + secret + "&" + fuzz, "COORDINATOR_LOCK_REDIS_MODE": "sentinel"},
+			{"COORDINATOR_LOCK_REDIS_URL": "redis://r:6379/0?opt_" + fuzz + "=" + secret},
+			{"COORDINATOR_ADMIN_TOKEN": secret},
+			{"COORDINATOR_KAFKA_SASL_PASSWORD": secret, "COORDINATOR_KAFKA_SASL_MECHANISM": "PLAIN", "COORDINATOR_KAFKA_SASL_USERNAME": "u"},
+		}
+		e := settings[int(which)%len(settings)]
+		_, _, err := config.Load("serve", nil, env(e))
+		if err != nil && (strings.Contains(err.Error(), "S3CR") || strings.Contains(err.Error(), "T0P")) {
+			t.Fatalf("%v: error shows the secret: %v", e, err)
+		}
+		// Nor on the command line, where it is refused.
+		for k, v := range e {
+			if !strings.HasPrefix(k, "COORDINATOR_") || v != e[k] {
+				continue
+			}
+			flagName := strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(k, "COORDINATOR_")), "_", "-")
+			_, _, err := config.Load("serve", []string{"--" + flagName + "=" + v}, env(nil))
+			if err != nil && (strings.Contains(err.Error(), "S3CR") || strings.Contains(err.Error(), "T0P")) {
+				t.Fatalf("--%s: error shows the secret: %v", flagName, err)
+			}
+		}
+	})
 }

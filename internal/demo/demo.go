@@ -196,6 +196,14 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return err
 	}
 	cleanups = append(cleanups, pool.Close)
+	// The demo seeds only the throwaway cluster it started: mark it, and
+	// hold the seeding to the check `coordinator seed` passes too.
+	if err := postgres.MarkDisposable(ctx, pool, "coordinator demo"); err != nil {
+		return err
+	}
+	if err := postgres.RequireDisposable(ctx, pool, "demo", false); err != nil {
+		return err
+	}
 	active, err := prepare(ctx, pool, cfg, period)
 	if err != nil {
 		return err

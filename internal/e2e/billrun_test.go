@@ -63,10 +63,7 @@ func TestBillRunTriggeredFourTimesRunsOnce(t *testing.T) {
 	}
 	got := d.events.waitFor(t, 60*time.Second, len(ids), "outcome", outcome)
 	// Offsets are committed once handled: all three records.
-	eventually(t, 20*time.Second, func() bool { return d.committed(d.bills, partition) == 3 },
-		func() string {
-			return fmt.Sprintf("committed offset %d, want 3", d.committed(d.bills, partition))
-		})
+	d.waitCommitted(d.bills, partition, 3, 20*time.Second)
 	got = d.events.match(outcome)
 	require.Len(t, got, len(ids), "one outcome per trigger")
 

@@ -36,11 +36,10 @@ func TestCronReaperOneSweepPerTick(t *testing.T) {
 		return e.Subject == key && e.str("trigger") == "cron" && e.Time.After(allUp) &&
 			(e.Type == "run.completed" || e.Type == "ownership.already_owned")
 	}
-	var ticks map[int64][]event
-	var order []int64
-	eventually(t, 45*time.Second, func() bool {
+	// group sorts the events seen so far into ticks; full counts the ticks
+	// with an outcome from every replica.
+	group := func() (ticks map[int64][]event, order []int64, full int) {
 		ticks = map[int64][]event{}
-		order = order[:0]
 		for _, e := range d.events.match(cron) {
 			n := tickOf(e)
 			if _, ok := ticks[n]; !ok {
@@ -49,14 +48,16 @@ func TestCronReaperOneSweepPerTick(t *testing.T) {
 			ticks[n] = append(ticks[n], e)
 		}
 		sort.Slice(order, func(i, j int) bool { return order[i] < order[j] })
-		full := 0
 		for _, n := range order {
 			if len(ticks[n]) == len(rs) {
 				full++
 			}
 		}
-		return full >= 3
-	}, func() string { return "three ticks with an outcome from every replica" })
+		return ticks, order, full
+	}
+	require.Eventually(t, func() bool { _, _, full := group(); return full >= 3 }, 45*time.Second, 50*time.Millisecond,
+		"three ticks with an outcome from every replica")
+	ticks, order, _ := group()
 
 	owners := map[string]bool{}
 	for _, n := range order {

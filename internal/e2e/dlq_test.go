@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"fmt"
 	"testing"
 	"time"
 
@@ -32,8 +31,7 @@ func TestMalformedTriggerGoesToDLQAndNextIsProcessed(t *testing.T) {
 	done := d.events.waitFor(t, 30*time.Second, 1, "run.completed", ofType("run.completed", key))
 	require.Equal(t, "after-bad", done[0].str("request_id"))
 	d.requireInvoicesExact(period)
-	eventually(t, 20*time.Second, func() bool { return d.committed(d.bills, partition) == badOffset+2 },
-		func() string { return fmt.Sprintf("committed %d", d.committed(d.bills, partition)) })
+	d.waitCommitted(d.bills, partition, badOffset+2, 20*time.Second)
 
 	// The DLQ holds the original bytes and says why.
 	recs := testenv.ReadRecords(t, d.brokers, d.names.DLQ, 1)

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -72,7 +73,7 @@ func newDeployment(t *testing.T, redisURL string) *deployment {
 		brokers:  kafka.Brokers,
 		topicPfx: kafka.Suffix,
 		group:    "g_" + kafka.Suffix,
-		token:    testenv.UniqueName("tok"),
+		token:    testenv.AdminToken(),
 	}
 	reg, err := kinds.Registry()
 	require.NoError(t, err)
@@ -189,6 +190,12 @@ func (d *deployment) start(id string, extra map[string]string, args ...string) *
 	}()
 	t.Cleanup(func() {
 		r.kill()
+		for _, l := range r.logLines() {
+			if strings.Contains(l, "WARNING: DATA RACE") {
+				t.Errorf("replica %s: the race detector found a data race (its log follows)", id)
+				break
+			}
+		}
 		if t.Failed() {
 			r.mu.Lock()
 			lines := r.lines
@@ -284,22 +291,17 @@ func (d *deployment) startReplicas(n int, extra map[string]string, args ...strin
 func (d *deployment) waitGroupStable(members int) {
 	t := d.t
 	t.Helper()
-	var last string
-	eventually(t, 40*time.Second, func() bool {
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		gs, err := d.adm.DescribeGroups(ctx, d.group)
-		if err != nil {
-			last = err.Error()
-			return false
-		}
+		require.NoError(c, err)
 		g, ok := gs[d.group]
-		if !ok {
-			return false
-		}
-		last = fmt.Sprintf("state %s, %d members", g.State, len(g.Members))
-		return g.Err == nil && g.State == "Stable" && len(g.Members) == members
-	}, func() string { return "consumer group not stable: " + last })
+		require.True(c, ok, "group %s not described", d.group)
+		require.NoError(c, g.Err)
+		assert.Equal(c, "Stable", g.State, "consumer group state")
+		assert.Len(c, g.Members, members, "consumer group members")
+	}, 40*time.Second, 50*time.Millisecond)
 }
 
 // produce writes one record and returns its partition and offset.
@@ -315,15 +317,34 @@ func (d *deployment) produce(topic, key, value string) (int32, int64) {
 // committed returns the group's committed offset on topic/partition (-1: none).
 func (d *deployment) committed(topic string, partition int32) int64 {
 	d.t.Helper()
+	at, err := d.committedOffset(topic, partition)
+	require.NoError(d.t, err)
+	return at
+}
+
+func (d *deployment) committedOffset(topic string, partition int32) (int64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	offs, err := d.adm.FetchOffsets(ctx, d.group)
-	require.NoError(d.t, err)
+	if err != nil {
+		return 0, err
+	}
 	o, ok := offs.Lookup(topic, partition)
 	if !ok || o.Err != nil {
-		return -1
+		return -1, nil
 	}
-	return o.At
+	return o.At, nil
+}
+
+// waitCommitted waits until the group's committed offset on topic/partition
+// is want (Kafka offers nothing to wait on but asking again).
+func (d *deployment) waitCommitted(topic string, partition int32, want int64, within time.Duration) {
+	d.t.Helper()
+	require.EventuallyWithT(d.t, func(c *assert.CollectT) {
+		at, err := d.committedOffset(topic, partition)
+		require.NoError(c, err)
+		assert.Equal(c, want, at, "committed offset of %s/%d", topic, partition)
+	}, within, 50*time.Millisecond)
 }
 
 // billRunTrigger is a billing.billrun.requested value.
@@ -379,20 +400,6 @@ func freePort(t *testing.T) int {
 	require.NoError(t, err)
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// eventually polls cond until it holds or the bound passes.
-func eventually(t *testing.T, bound time.Duration, cond func() bool, msg func() string) {
-	t.Helper()
-	deadline := time.Now().Add(bound)
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", bound, msg())
-		}
-		<-tick.C
-	}
 }
 
 // event is a CloudEvent read back from the events topic.
@@ -485,12 +492,10 @@ func (l *eventLog) match(keep func(event) bool) []event {
 // waitFor waits until at least n events match keep and returns them.
 func (l *eventLog) waitFor(t *testing.T, bound time.Duration, n int, what string, keep func(event) bool) []event {
 	t.Helper()
-	var got []event
-	eventually(t, bound, func() bool {
-		got = l.match(keep)
-		return len(got) >= n
-	}, func() string { return fmt.Sprintf("%d of %d %s events", len(got), n, what) })
-	return got
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		assert.GreaterOrEqual(c, len(l.match(keep)), n, "%s events", what)
+	}, bound, 50*time.Millisecond)
+	return l.match(keep)
 }
 
 func ofType(typ, subject string) func(event) bool {

@@ -2,10 +2,10 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -30,11 +30,11 @@ func TestOwnerKilledMidRunAnotherResumes(t *testing.T) {
 
 	// Kill the owner once it has committed some batches, not all.
 	ctx := context.Background()
-	var batches int
-	eventually(t, 20*time.Second, func() bool {
-		require.NoError(t, d.pg.Pool.QueryRow(ctx, `select count(*) from bill_run_batches where period = $1`, period).Scan(&batches))
-		return batches > 0
-	}, func() string { return "no batch committed" })
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		var batches int
+		require.NoError(c, d.pg.Pool.QueryRow(ctx, `select count(*) from bill_run_batches where period = $1`, period).Scan(&batches))
+		assert.Positive(c, batches, "batches committed")
+	}, 20*time.Second, 20*time.Millisecond)
 	for _, r := range rs {
 		if r.id == first {
 			r.kill()
@@ -44,7 +44,7 @@ func TestOwnerKilledMidRunAnotherResumes(t *testing.T) {
 	var status string
 	require.NoError(t, d.pg.Pool.QueryRow(ctx, `select status from bill_runs where period = $1`, period).Scan(&status))
 	require.Equal(t, "RUNNING", status, "killed mid-run")
-	var total int
+	var total, batches int
 	require.NoError(t, d.pg.Pool.QueryRow(ctx, `select (count(*) + 99) / 100 from subscribers where status = 'ACTIVE'`).Scan(&total))
 	require.NoError(t, d.pg.Pool.QueryRow(ctx, `select count(*) from bill_run_batches where period = $1`, period).Scan(&batches))
 	require.Less(t, batches, total, "killed before the last batch")
@@ -65,6 +65,5 @@ func TestOwnerKilledMidRunAnotherResumes(t *testing.T) {
 	require.Equal(t, "COMPLETED", status)
 	require.Equal(t, resumer, owner)
 	require.EqualValues(t, 2, fence, "claimed twice")
-	eventually(t, 20*time.Second, func() bool { return d.committed(d.bills, partition) == offset+1 },
-		func() string { return fmt.Sprintf("committed %d", d.committed(d.bills, partition)) })
+	d.waitCommitted(d.bills, partition, offset+1, 20*time.Second)
 }

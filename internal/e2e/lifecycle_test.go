@@ -83,14 +83,14 @@ func TestGracefulShutdown(t *testing.T) {
 		code, _, body := r.post(t, d.token, "/v1/billruns", `{"period":"2026-03"}`)
 		require.Equal(t, http.StatusAccepted, code, string(body))
 		require.NoError(t, r.cmd.Process.Signal(syscall.SIGTERM))
-		eventually(t, 10*time.Second, func() bool {
+		require.Eventually(t, func() bool {
 			for _, l := range r.logLines() {
 				if strings.Contains(l, `"msg":"shutdown_started"`) {
 					return true
 				}
 			}
 			return false
-		}, func() string { return "no shutdown_started line" })
+		}, 10*time.Second, 20*time.Millisecond, "no shutdown_started line")
 		// Draining: the run goes on, new work is refused, readiness fails.
 		code, _, body = r.post(t, d.token, "/v1/billruns", `{"period":"2026-02"}`)
 		require.Equal(t, http.StatusServiceUnavailable, code, string(body))

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -40,6 +39,5 @@ func TestRedisDownTriggerIsRetriedNotLost(t *testing.T) {
 	done := d.events.waitFor(t, 60*time.Second, 1, "run.completed", ofType("run.completed", key))
 	require.Equal(t, "while-down", done[0].str("request_id"))
 	d.requireInvoicesExact(period)
-	eventually(t, 20*time.Second, func() bool { return d.committed(d.bills, partition) == offset+1 },
-		func() string { return fmt.Sprintf("committed %d", d.committed(d.bills, partition)) })
+	d.waitCommitted(d.bills, partition, offset+1, 20*time.Second)
 }

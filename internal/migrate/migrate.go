@@ -23,10 +23,25 @@ type Migrator struct {
 	provider *goose.Provider
 }
 
+// Option configures New.
+type Option func(*[]lock.SessionLockerOption)
+
+// WithLockID makes the Migrator take advisory lock id while it migrates,
+// instead of goose's default, which is one lock for the whole database (so
+// migrations of different schemas wait for each other, 5s at a time). Tests
+// that migrate a schema each, many at once, give each schema its own.
+func WithLockID(id int64) Option {
+	return func(o *[]lock.SessionLockerOption) { *o = append(*o, lock.WithLockID(id)) }
+}
+
 // New wraps pool. Close the Migrator when done; the pool stays open.
-func New(pool *pgxpool.Pool) (*Migrator, error) {
+func New(pool *pgxpool.Pool, opts ...Option) (*Migrator, error) {
+	var lockOpts []lock.SessionLockerOption
+	for _, o := range opts {
+		o(&lockOpts)
+	}
 	db := stdlib.OpenDBFromPool(pool)
-	locker, err := lock.NewPostgresSessionLocker()
+	locker, err := lock.NewPostgresSessionLocker(lockOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("migrate: session locker: %w", err)
 	}
@@ -91,15 +106,20 @@ func (m *Migrator) Status(ctx context.Context) ([]Status, error) {
 	return out, nil
 }
 
-// Pending reports how many migrations are not applied (readiness uses it).
+// Pending reports how many migrations are not applied (readiness and
+// start-up use it). It reads the version table without goose's migration
+// lock, so it answers at once while a migration runs, here or in any other
+// schema of the database (the lock is one advisory lock per database).
+// Migrations apply in order, so those above the newest applied version are
+// the pending ones.
 func (m *Migrator) Pending(ctx context.Context) (int, error) {
-	st, err := m.Status(ctx)
+	current, _, err := m.provider.GetVersions(ctx)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("migrate pending: %w", err)
 	}
 	n := 0
-	for _, s := range st {
-		if !s.Applied {
+	for _, s := range m.provider.ListSources() {
+		if s.Version > current {
 			n++
 		}
 	}

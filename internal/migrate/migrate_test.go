@@ -3,6 +3,7 @@ package migrate_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -91,4 +92,45 @@ func TestContractColumnsAcceptMinimalInserts(t *testing.T) {
 	require.Error(t, err, "uidx_invoices_sub_period must reject a second invoice")
 	_, err = pg.Pool.Exec(ctx, `insert into subscribers (id, status, monthly_fee_cents) values (2, 'GONE', 1)`)
 	require.Error(t, err, "status is constrained")
+}
+
+// Readiness asks Pending on every probe. A migration running meanwhile (on
+// this schema or, since goose's lock is by default one advisory lock per
+// database, on any other) must not make it wait: goose retries its lock
+// every 5s, longer than a readiness check may take.
+func TestPendingDoesNotWaitForTheMigrationLock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pg := testenv.PostgresEmpty(t)
+	// A lock id of this test's own, so holding it delays nobody else.
+	const lockID int64 = 0x636f6f7264 // "coord"
+	m, err := migrate.New(pg.Pool, migrate.WithLockID(lockID))
+	require.NoError(t, err)
+	defer m.Close()
+
+	// Hold the migration lock the way a migrating replica does.
+	conn, err := pg.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, `select pg_advisory_lock($1)`, lockID)
+	require.NoError(t, err)
+	pctx, cancel := context.WithTimeout(ctx, 3*time.Second) // below goose's 5s lock retry
+	pending, err := m.Pending(pctx)
+	cancel()
+	require.NoError(t, err, "Pending waited for the migration lock")
+	require.Positive(t, pending)
+	// The lock is the one Up takes: it waits.
+	uctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	_, err = m.Up(uctx)
+	cancel()
+	require.ErrorIs(t, err, context.DeadlineExceeded, "Up must take the migration lock")
+
+	_, err = conn.Exec(ctx, `select pg_advisory_unlock($1)`, lockID)
+	require.NoError(t, err)
+	applied, err := m.Up(ctx)
+	require.NoError(t, err)
+	require.Len(t, applied, pending)
+	pending, err = m.Pending(ctx)
+	require.NoError(t, err)
+	require.Zero(t, pending)
 }

@@ -20,8 +20,15 @@ import (
 // This file is an external test package: trigger imports msisdnreaper.
 
 type timedEvents struct {
-	mu  sync.Mutex
-	evs []events.Event
+	mu     sync.Mutex
+	evs    []events.Event
+	starts []time.Time // when each sweep that completed was called
+}
+
+func (s *timedEvents) sweepStarted(at time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.starts = append(s.starts, at)
 }
 
 func (s *timedEvents) Emit(_ context.Context, e events.Event) {
@@ -65,7 +72,12 @@ func TestCronOnThreeReplicasSweepsOncePerTick(t *testing.T) {
 		s := msisdnreaper.NewTestSweeper(pg.Pool, l, rec,
 			msisdnreaper.Config{Lease: 500 * time.Millisecond, MinHold: minHold})
 		c, err := trigger.NewCron(id, nil, trigger.CronJob{Name: msisdnreaper.JobName, Spec: "@every 1s",
-			Run: func(ctx context.Context, t job.Trigger) { s.Sweep(ctx, t) }})
+			Run: func(ctx context.Context, t job.Trigger) {
+				called := time.Now()
+				if s.Sweep(ctx, t).Outcome == job.OutcomeCompleted {
+					rec.sweepStarted(called)
+				}
+			}})
 		require.NoError(t, err)
 		require.NoError(t, c.Start(ctx))
 		crons = append(crons, c)
@@ -78,18 +90,26 @@ func TestCronOnThreeReplicasSweepsOncePerTick(t *testing.T) {
 
 	completed := rec.of(events.RunCompleted)
 	var freed int64
-	var starts []time.Time
 	for _, e := range completed {
 		require.Equal(t, string(job.SourceCron), e.Trigger)
 		freed += e.Extra["freed"].(int64)
 	}
+	// Each acquisition is stamped after it happened, so after the previous
+	// sweep's release, which is at least minHold after that sweep acquired,
+	// which is after it was called.
+	var acquired []time.Time
 	for _, e := range rec.of(events.OwnershipAcquired) {
-		starts = append(starts, e.Time)
+		acquired = append(acquired, e.Time)
 	}
-	require.Len(t, starts, len(completed))
-	sort.Slice(starts, func(i, j int) bool { return starts[i].Before(starts[j]) })
-	for i := 1; i < len(starts); i++ {
-		require.GreaterOrEqual(t, starts[i].Sub(starts[i-1]), minHold-50*time.Millisecond, "two sweeps in one interval")
+	rec.mu.Lock()
+	called := append([]time.Time(nil), rec.starts...)
+	rec.mu.Unlock()
+	require.Len(t, acquired, len(completed))
+	require.Len(t, called, len(completed))
+	sort.Slice(acquired, func(i, j int) bool { return acquired[i].Before(acquired[j]) })
+	sort.Slice(called, func(i, j int) bool { return called[i].Before(called[j]) })
+	for i := 1; i < len(acquired); i++ {
+		require.GreaterOrEqual(t, acquired[i].Sub(called[i-1]), minHold, "two sweeps in one interval")
 	}
 	require.Equal(t, int64(100), freed)
 	require.NotEmpty(t, rec.of(events.OwnershipAlreadyOwned), "the other replicas were told who owns the tick")

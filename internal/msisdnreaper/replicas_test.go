@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/telco-platform/coordinator/internal/events"
@@ -269,11 +270,13 @@ func TestShortLeaseStopsBeforeItsDeadlineAndTheNextTickFinishes(t *testing.T) {
 	_, err := Seed(ctx, pg.Pool, SeedSpec{StaleReserved: 3000, Free: 1000})
 	require.NoError(t, err)
 	slowBatches(t, pg)
-	// 30 batches of >= 20 ms need >= 600 ms; the lease gives 300 ms of work.
-	const lease, margin = 400 * time.Millisecond, 100 * time.Millisecond
+	// 150 batches of >= 20 ms need >= 3 s; the lease gives 2 s of work, and
+	// its 2 s margin absorbs a busy machine's delays between deciding to
+	// start a batch and the batch reaching the database.
+	const lease, margin = 4 * time.Second, 2 * time.Second
 	rec := &events.Recorder{}
 	s := NewTestSweeper(pg.Pool, redisLocker(t, rd, "replica-a", time.Second), rec,
-		Config{Lease: lease, SafetyMargin: margin, BatchSize: 100, Workers: 1})
+		Config{Lease: lease, SafetyMargin: margin, BatchSize: 20, Workers: 1})
 
 	var total int64
 	for tick := 1; ; tick++ {
@@ -329,6 +332,7 @@ func TestMinHoldKeepsASecondReplicaOutForTheInterval(t *testing.T) {
 	lb := redisLocker(t, rd, "replica-b", 50*time.Millisecond)
 	b := NewTestSweeper(pg.Pool, lb, rec, Config{Lease: time.Second, MinHold: minHold})
 
+	beforeA := time.Now() // A's minimum hold starts after this
 	res := a.Sweep(ctx, cliTrigger)
 	require.Equal(t, job.OutcomeCompleted, res.Outcome)
 	require.Equal(t, int64(10), res.Counts["freed"])
@@ -345,7 +349,6 @@ func TestMinHoldKeepsASecondReplicaOutForTheInterval(t *testing.T) {
 	require.Greater(t, locks[0].TTL, time.Duration(0))
 
 	// B ticks a little later (skewed clocks): it is told A owns the sweep.
-	acquiredA := rec.of(events.OwnershipAcquired, "replica-a")[0].Time
 	var tries int
 	for {
 		tries++
@@ -357,9 +360,10 @@ func TestMinHoldKeepsASecondReplicaOutForTheInterval(t *testing.T) {
 		require.Equal(t, job.OutcomeAlreadyOwned, r.Outcome, r.Error)
 		require.Equal(t, "replica-a", r.Owner)
 	}
+	// B's event is stamped after B acquired, which is after A's release,
+	// which is at least minHold after A acquired, which is after beforeA.
 	acquiredB := rec.of(events.OwnershipAcquired, "replica-b")[0].Time
-	require.GreaterOrEqual(t, acquiredB.Sub(acquiredA), minHold-50*time.Millisecond,
-		"B took the lock before A's minimum hold was over")
+	require.GreaterOrEqual(t, acquiredB.Sub(beforeA), minHold, "B took the lock before A's minimum hold was over")
 	require.Greater(t, tries, 1)
 	require.NotEmpty(t, rec.of(events.OwnershipAlreadyOwned, "replica-b"))
 	// A's lease was released at the end of the hold, not left to run out.
@@ -397,11 +401,11 @@ func TestSweepStopsAtTheNextBatchWhenTheLeaseIsLostOrOnShutdown(t *testing.T) {
 			defer cancel()
 			done := make(chan job.Result, 1)
 			go func() { done <- s.Sweep(ctx, cliTrigger) }()
-			require.Eventually(t, func() bool {
+			require.EventuallyWithT(t, func(c *assert.CollectT) {
 				var n int
-				require.NoError(t, pg.Pool.QueryRow(context.Background(), `select count(*) from sweep_batches`).Scan(&n))
-				return n >= 2
-			}, 10*time.Second, 5*time.Millisecond)
+				require.NoError(c, pg.Pool.QueryRow(context.Background(), `select count(*) from sweep_batches`).Scan(&n))
+				assert.GreaterOrEqual(c, n, 2, "batches started")
+			}, 30*time.Second, 5*time.Millisecond)
 			if tc.reason == stopLeaseLost {
 				require.NoError(t, l.Close()) // every lease it holds is lost
 			} else {

@@ -32,7 +32,9 @@ type bundle struct {
 
 func setup(t *testing.T, w *ownedtest.Widget) *bundle {
 	t.Helper()
-	l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "replica-a", WaitTime: 50 * time.Millisecond, WatchdogTimeout: 600 * time.Millisecond})
+	// Renewed every second: a lease a run needs is lost only if renewal stalls
+	// for ~2s, which a busy machine does not do (600ms TTLs lost it at ~370ms).
+	l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "replica-a", WaitTime: 50 * time.Millisecond, WatchdogTimeout: 3 * time.Second})
 	t.Cleanup(func() { _ = l.Close() })
 	return setupWith(t, w, l, l)
 }
@@ -289,7 +291,9 @@ func TestClaim(t *testing.T) {
 
 func TestMinHoldDefersTheRelease(t *testing.T) {
 	t.Parallel()
-	const hold = 400 * time.Millisecond
+	// The checks below run within the hold: 3s of it, so that a busy
+	// machine does not let it run out first.
+	const hold = 3 * time.Second
 	w := &ownedtest.Widget{Lease: owned.Lease{TTL: 100 * time.Millisecond, MinHold: hold}}
 	b := setup(t, w)
 	res := b.run(context.Background(), 1)

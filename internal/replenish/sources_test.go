@@ -49,7 +49,7 @@ func newDeployment(t *testing.T) *deployment {
 	reg, err := kinds.Registry()
 	require.NoError(t, err)
 	d := &deployment{pg: pg, rd: rd, brokers: k.Brokers, names: topics.New(k.Suffix, reg.Topics()...),
-		rec: &events.Recorder{}, token: testenv.UniqueName("tok")}
+		rec: &events.Recorder{}, token: testenv.AdminToken()}
 	d.env = map[string]string{
 		"COORDINATOR_DATABASE_URL":       pg.DSN,
 		"COORDINATOR_LOCK_REDIS_URL":     rd.URL,

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -33,6 +34,7 @@ import (
 	"github.com/telco-platform/coordinator/internal/eventsink"
 	"github.com/telco-platform/coordinator/internal/httpapi"
 	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/kafkaconn"
 	"github.com/telco-platform/coordinator/internal/kinds"
 	"github.com/telco-platform/coordinator/internal/migrate"
 	"github.com/telco-platform/coordinator/internal/owned"
@@ -288,10 +290,14 @@ func (r *Replica) startLock(ctx context.Context) error {
 // startEvents starts the Kafka event sink; every event also goes to the log
 // (and to Config.Emit).
 func (r *Replica) startEvents(ctx context.Context) error {
+	opts, err := r.kafkaOpts(kgo.ClientID("coordinator-events-" + r.cfg.ReplicaID))
+	if err != nil {
+		return err
+	}
 	sink, err := eventsink.New(eventsink.Config{
 		Brokers: r.cfg.KafkaBrokers, Topic: r.names.Events, Log: r.log,
 		Metrics:    eventsink.NewMetrics(r.reg),
-		ClientOpts: []kgo.Opt{kgo.ClientID("coordinator-events-" + r.cfg.ReplicaID)},
+		ClientOpts: opts,
 	})
 	if err != nil {
 		return err
@@ -308,17 +314,35 @@ func (r *Replica) startEvents(ctx context.Context) error {
 	return nil
 }
 
+// kafkaOpts are opts plus the configured TLS and SASL options
+// (internal/kafkaconn): every Kafka client of the replica (event sink,
+// topic admin, trigger consumer and its DLQ producer) dials with them.
+func (r *Replica) kafkaOpts(opts ...kgo.Opt) ([]kgo.Opt, error) {
+	sec, err := kafkaconn.Options(r.cfg)
+	if err != nil {
+		return nil, failed(job.ExitUsage, err)
+	}
+	return append(slices.Clip(opts), sec...), nil
+}
+
 // startTopics creates the deployment's topics when allowed. Missing topics
-// are not fatal: readiness names them until they exist.
+// are not fatal: readiness names them until they exist. Rejected Kafka
+// credentials or certificates are (69): retrying does not mend them.
 func (r *Replica) startTopics(ctx context.Context) error {
-	adm, err := topics.Dial(r.cfg.KafkaBrokers, kgo.ClientID("coordinator-admin-"+r.cfg.ReplicaID))
+	opts, err := r.kafkaOpts(kgo.ClientID("coordinator-admin-" + r.cfg.ReplicaID))
+	if err != nil {
+		return err
+	}
+	adm, err := topics.Dial(r.cfg.KafkaBrokers, opts...)
 	if err != nil {
 		return err
 	}
 	r.adm = adm
 	ctx, cancel := context.WithTimeout(ctx, StartupTimeout)
 	defer cancel()
-	if err := topics.Ensure(ctx, adm, r.names, r.cfg.KafkaCreateTopics); err != nil {
+	if err := topics.Ensure(ctx, adm, r.names, r.cfg.KafkaCreateTopics); kafkaconn.Fatal(err) {
+		return failed(job.ExitUnavailable, kafkaconn.Classify(err))
+	} else if err != nil {
 		r.log.Error("topics_not_ready", "create", r.cfg.KafkaCreateTopics, "error", err)
 	}
 	return nil
@@ -373,8 +397,12 @@ func (r *Replica) startCron(ctx context.Context) error {
 }
 
 func (r *Replica) startConsumer(ctx context.Context) error {
+	opts, err := r.kafkaOpts(r.consumerOpts...)
+	if err != nil {
+		return err
+	}
 	kcfg := trigger.KafkaConfig{Brokers: r.cfg.KafkaBrokers, Group: r.cfg.KafkaGroup, Kinds: r.rc.Kinds, Topics: r.names,
-		Replica: r.cfg.ReplicaID, DrainTimeout: r.cfg.ShutdownTimeout, ClientOpts: r.consumerOpts}
+		Replica: r.cfg.ReplicaID, DrainTimeout: r.cfg.ShutdownTimeout, ClientOpts: opts}
 	consumer, err := trigger.NewKafkaConsumer(kcfg, r.disp, r.emit, r.log, r.tm)
 	if err != nil {
 		return err
@@ -400,6 +428,7 @@ func (r *Replica) logStarted() {
 		"version", r.rc.Version,
 		"http_addr", r.http.Addr().String(),
 		"kafka_brokers", strings.Join(cfg.KafkaBrokers, ","),
+		"kafka_transport", kafkaconn.Describe(cfg),
 		"kafka_group", cfg.KafkaGroup,
 		"kinds", strings.Join(r.rc.Kinds.Commands(), ","),
 		"trigger_topics", strings.Join(r.names.Triggers(), ","),

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 )
 
@@ -17,7 +18,8 @@ var (
 )
 
 // CoordinatorBinary builds cmd/coordinator once per test process, with
-// -tags testhooks (so COORDINATOR_TEST_* hooks work), and returns its path.
+// -tags testhooks (so COORDINATOR_TEST_* hooks work), and with -race when
+// the tests are, and returns its path.
 // Call RemoveBinaries when the tests are done (goleak.Cleanup in TestMain).
 func CoordinatorBinary(t testing.TB) string {
 	t.Helper()
@@ -26,7 +28,12 @@ func CoordinatorBinary(t testing.TB) string {
 			return
 		}
 		binPath = filepath.Join(binDir, "coordinator")
-		cmd := exec.Command("go", "build", "-tags", "testhooks", "-o", binPath, "github.com/telco-platform/coordinator/cmd/coordinator")
+		args := []string{"build", "-tags", "testhooks", "-o", binPath}
+		if RaceEnabled { // the race detector watches the processes too
+			args = append(args, "-race")
+		}
+		cmd := exec.Command("go", append(args, "github.com/telco-platform/coordinator/cmd/coordinator")...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		if out, err := cmd.CombinedOutput(); err != nil {
 			binErr = fmt.Errorf("testenv: go build ./cmd/coordinator: %v: %s", err, out)
 		}

@@ -14,22 +14,25 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // RedisServer is a redis-server of the test's own on a free loopback port,
 // which the test may stop and start again at the same address (outage
 // tests), pause (SIGSTOP) and resume. The shared services are never
 // touched. The server is killed when the test ends, and also if the test
-// binary itself dies (Pdeathsig), so a timed-out test run leaves nothing
-// behind.
+// binary itself dies (Pdeathsig), so a killed or timed-out test run leaves
+// nothing behind.
+//
+// Start, Stop, Pause and Resume must be called from the test's goroutine.
 type RedisServer struct {
 	t    testing.TB
 	bin  string
 	dir  string
 	port int
 	opts RedisServerOptions
-	cmd  *exec.Cmd
-	done chan struct{}
+	proc *child
 }
 
 // RedisServerOptions shape a throwaway server. The zero value is a plain
@@ -54,22 +57,13 @@ func StartRedisServer(t testing.TB) *RedisServer {
 }
 
 // StartRedisServerWith starts a throwaway redis-server shaped by o and
-// waits until it answers PING.
+// waits until it logs that it accepts connections.
 func StartRedisServerWith(t testing.TB, o RedisServerOptions) *RedisServer {
 	t.Helper()
-	s := &RedisServer{t: t, bin: Binary(t, EnvRedisServerBin, "/usr/bin/redis-server"), dir: t.TempDir(), port: mustFreePort(t), opts: o}
+	s := &RedisServer{t: t, bin: Binary(t, EnvRedisServerBin, "/usr/bin/redis-server"), dir: t.TempDir(), port: freeLoopbackPort(t), opts: o}
 	s.Start()
 	t.Cleanup(s.Stop)
 	return s
-}
-
-func mustFreePort(t testing.TB) int {
-	t.Helper()
-	port, err := freePort()
-	if err != nil {
-		t.Fatalf("testenv: free port: %v", err)
-	}
-	return port
 }
 
 // Addr is host:port; URL is a redis:// URL for db 0.
@@ -83,7 +77,7 @@ func (s *RedisServer) args() []string {
 	if s.opts.SentinelConf != nil {
 		conf := filepath.Join(s.dir, "sentinel.conf")
 		if _, err := os.Stat(conf); err != nil { // first start: Sentinel rewrites it later
-			lines := append([]string{"port " + strconv.Itoa(s.port), "bind 127.0.0.1", "dir " + s.dir, "loglevel warning"}, s.opts.SentinelConf...)
+			lines := append([]string{"port " + strconv.Itoa(s.port), "bind 127.0.0.1", "dir " + s.dir, "loglevel notice"}, s.opts.SentinelConf...)
 			if err := os.WriteFile(conf, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
 				s.t.Fatalf("testenv: write sentinel.conf: %v", err)
 			}
@@ -91,7 +85,7 @@ func (s *RedisServer) args() []string {
 		return []string{conf, "--sentinel"}
 	}
 	args := []string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--save", "",
-		"--appendonly", "no", "--daemonize", "no", "--dir", s.dir, "--loglevel", "warning"}
+		"--appendonly", "no", "--daemonize", "no", "--dir", s.dir, "--loglevel", "notice"}
 	if s.opts.ReplicaOf != "" {
 		host, port, _ := net.SplitHostPort(s.opts.ReplicaOf)
 		args = append(args, "--replicaof", host, port)
@@ -99,66 +93,55 @@ func (s *RedisServer) args() []string {
 	return append(args, s.opts.Args...)
 }
 
-// Start (re)starts the server on its port and waits until it answers.
+// PID is the server's process id (0 while stopped).
+func (s *RedisServer) PID() int {
+	if s.proc == nil {
+		return 0
+	}
+	return s.proc.pid()
+}
+
+// Start (re)starts the server on its port and waits until it logs that it
+// accepts connections. Safe when already running.
 func (s *RedisServer) Start() {
 	s.t.Helper()
-	if s.cmd != nil {
+	if s.proc != nil {
 		return
 	}
-	cmd := exec.Command(s.bin, s.args()...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		s.t.Fatalf("testenv: start redis-server: %v", err)
+	ready := "ready to accept connections"
+	if s.opts.SentinelConf != nil {
+		ready = "sentinel id is" // Sentinel listens by then, and says nothing later
 	}
-	s.cmd, s.done = cmd, make(chan struct{})
-	go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(cmd, s.done)
-
-	c := redis.NewClient(&redis.Options{Addr: s.Addr(), DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
-	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		err := c.Ping(ctx).Err()
-		cancel()
-		if err == nil {
-			return
-		}
-		select {
-		case <-s.done:
-			s.t.Fatalf("testenv: redis-server on %s exited at start", s.Addr())
-		default:
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("testenv: redis-server on %s did not answer: %v", s.Addr(), err)
-		}
-		time.Sleep(20 * time.Millisecond) // polling a starting server, bounded by the deadline
+	p, err := startChild(exec.Command(s.bin, s.args()...), ready, time.Minute)
+	if err != nil {
+		s.t.Fatalf("testenv: redis-server on %s: %v", s.Addr(), err)
 	}
+	s.proc = p
 }
 
 // Stop SIGKILLs the server (by its PID) and waits until it has exited. Safe
 // when already stopped.
 func (s *RedisServer) Stop() {
-	if s.cmd == nil {
+	if s.proc == nil {
 		return
 	}
-	_ = s.cmd.Process.Signal(syscall.SIGCONT) // a paused process dies too, but do not leave it stopped
-	_ = s.cmd.Process.Signal(syscall.SIGKILL)
-	<-s.done
-	s.cmd = nil
+	_ = s.proc.cmd.Process.Signal(syscall.SIGCONT) // a paused process dies too, but do not leave it stopped
+	_ = s.proc.stop(syscall.SIGKILL, time.Minute)
+	s.proc = nil
 }
 
 // Pause stops the server process (SIGSTOP): connections stay open, nothing
 // is answered, replication stops. Resume continues it.
 func (s *RedisServer) Pause() {
-	if s.cmd != nil {
-		_ = s.cmd.Process.Signal(syscall.SIGSTOP)
+	if s.proc != nil {
+		_ = s.proc.cmd.Process.Signal(syscall.SIGSTOP)
 	}
 }
 
 // Resume continues a paused server (SIGCONT).
 func (s *RedisServer) Resume() {
-	if s.cmd != nil {
-		_ = s.cmd.Process.Signal(syscall.SIGCONT)
+	if s.proc != nil {
+		_ = s.proc.cmd.Process.Signal(syscall.SIGCONT)
 	}
 }
 
@@ -193,23 +176,25 @@ func (s *RedisServer) Stall(t testing.TB, d time.Duration) <-chan struct{} {
 			t.Errorf("testenv: DEBUG SLEEP on %s: %v", s.Addr(), err)
 		}
 	}()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		// The probe connection was made before the stall: a PING that
-		// times out means the event loop is asleep.
-		err := probe.Ping(context.Background()).Err()
-		if err != nil {
-			return done
+	// The probe connection was made before the stall: a PING that times
+	// out means the event loop is asleep.
+	var stalled bool
+	assert.Eventually(t, func() bool {
+		if probe.Ping(context.Background()).Err() != nil {
+			stalled = true
+			return true
 		}
 		select {
-		case <-done:
-			t.Fatalf("testenv: DEBUG SLEEP on %s returned before it was seen", s.Addr())
+		case <-done: // the sleep is over and was never seen
+			return true
 		default:
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("testenv: %s never stalled", s.Addr())
-		}
+	}, 5*time.Second, time.Millisecond)
+	if !stalled {
+		t.Fatalf("testenv: %s never seen stalled by DEBUG SLEEP", s.Addr())
 	}
+	return done
 }
 
 // RedisSentinelSet is a master, one replica and one Sentinel (quorum 1,
@@ -233,6 +218,15 @@ func StartRedisSentinelSet(t testing.TB, args ...string) *RedisSentinelSet {
 	waitFor(t, 20*time.Second, "replica in sync", func(ctx context.Context) bool {
 		info, err := rc.Info(ctx, "replication").Result()
 		return err == nil && strings.Contains(info, "master_link_status:up")
+	})
+	// The master's own view lags the replica's: a Locker that reads the
+	// replica count (WaitReplicas auto) before the master lists it online
+	// would wait for no replica at all.
+	mc := redis.NewClient(&redis.Options{Addr: master.Addr(), MaxRetries: -1})
+	defer mc.Close()
+	waitFor(t, 20*time.Second, "master lists the replica online", func(ctx context.Context) bool {
+		info, err := mc.Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(info, "state=online")
 	})
 	s.Sentinel = StartRedisServerWith(t, RedisServerOptions{SentinelConf: []string{
 		fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 1", s.MasterName, master.Port()),
@@ -281,23 +275,15 @@ func (s *RedisSentinelSet) WaitMaster(t testing.TB, addr string, within time.Dur
 	})
 }
 
-// waitFor polls cond (each call bounded by a second) until it holds or
-// within has passed, then fails the test naming what.
+// waitFor waits (require.Eventually) until cond holds, each call of it
+// bounded by a second, or fails the test naming what.
 func waitFor(t testing.TB, within time.Duration, what string, cond func(ctx context.Context) bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
+	require.Eventually(t, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		ok := cond(ctx)
-		cancel()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("testenv: %s: not within %s", what, within)
-		}
-		time.Sleep(50 * time.Millisecond) // polling a server's state, bounded by the deadline
-	}
+		defer cancel()
+		return cond(ctx)
+	}, within, 50*time.Millisecond, "testenv: %s", what)
 }
 
 // CutReplication makes the master's next writes miss the replica for good

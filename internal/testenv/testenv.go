@@ -18,6 +18,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"hash/fnv"
 	"net/url"
 	"os"
 	"strings"
@@ -103,6 +104,12 @@ func postgresSchema(t testing.TB, migrated bool) *PG {
 		t.Fatalf("testenv: %s: %v", EnvDatabaseURL, err)
 	}
 	defer admin.Close()
+	// The test database is disposable by definition: mark it, so that seed
+	// and migrate down run on it without --force (scripts/services marks
+	// its databases too).
+	if err := postgres.MarkDisposable(ctx, admin, "testenv"); err != nil {
+		t.Fatalf("testenv: %s: %v", EnvDatabaseURL, err)
+	}
 	schema := UniqueName("t")
 	if _, err := admin.Exec(ctx, "create schema "+schema); err != nil {
 		t.Fatalf("testenv: create schema: %v", err)
@@ -131,7 +138,9 @@ func postgresSchema(t testing.TB, migrated bool) *PG {
 	}
 	t.Cleanup(pool.Close)
 	if migrated {
-		m, err := migrate.New(pool)
+		// A migration lock of the schema's own: with goose's (one per
+		// database) every test migrating at the same time would wait 5s.
+		m, err := migrate.New(pool, migrate.WithLockID(lockID(schema)))
 		if err != nil {
 			t.Fatalf("testenv: %v", err)
 		}
@@ -141,6 +150,13 @@ func postgresSchema(t testing.TB, migrated bool) *PG {
 		}
 	}
 	return &PG{DSN: dsn, Pool: pool, Schema: schema, AdminDSN: base}
+}
+
+// lockID is an advisory lock id derived from a schema name.
+func lockID(schema string) int64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte("coordinator-migrate:" + schema))
+	return int64(h.Sum64())
 }
 
 // WithSearchPath returns dsn with search_path set to schema.
@@ -216,7 +232,8 @@ func RedisClusterAddrs(t testing.TB) []string {
 // RedisSentinelEnv is a Sentinel-watched master (and replica) and a key
 // prefix of the test's own.
 type RedisSentinelEnv struct {
-	// URL is the lock URL in sentinel mode: redis://s1[,s2...]/0?master_name=NAME.
+	// URL is the lock URL in sentinel mode (go-redis' ParseFailoverURL):
+	// redis://s1/0?master_name=NAME[&addr=s2...].
 	URL string
 	// Client talks to the current master through Sentinel.
 	Client *redis.Client
@@ -245,7 +262,12 @@ func RedisSentinel(t testing.TB) *RedisSentinelEnv {
 		deletePrefix(c, prefix)
 		_ = c.Close()
 	})
-	return &RedisSentinelEnv{URL: "redis://" + addrs + "/0?master_name=" + name, Client: c, Prefix: prefix}
+	list := strings.Split(addrs, ",")
+	u := "redis://" + list[0] + "/0?master_name=" + name
+	for _, a := range list[1:] {
+		u += "&addr=" + a
+	}
+	return &RedisSentinelEnv{URL: u, Client: c, Prefix: prefix}
 }
 
 // KafkaEnv is a real Kafka broker and a namespace of topic names.

@@ -104,11 +104,7 @@ func TestShutdownCancelsRunsWhenItsBoundExpires(t *testing.T) {
 		syncDone <- res
 	}()
 	// Wait until the Kafka-path run holds its lock too.
-	deadline := time.Now().Add(30 * time.Second)
-	for len(b.rec.OfType(events.OwnershipAcquired)) < 2 {
-		require.True(t, time.Now().Before(deadline), "runs never started")
-		pause(10 * time.Millisecond)
-	}
+	waitEvents(t, b.rec, events.OwnershipAcquired, 2)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -169,36 +170,43 @@ func (b *kafkaBundle) produce(t *testing.T, topic, key, value string, headers ..
 // committed returns the group's committed offset for r's partition (-1: none).
 func (b *kafkaBundle) committed(t *testing.T, r *kgo.Record) int64 {
 	t.Helper()
+	at, err := b.committedOffset(r)
+	require.NoError(t, err)
+	return at
+}
+
+func (b *kafkaBundle) committedOffset(r *kgo.Record) (int64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	os, err := b.adm.FetchOffsets(ctx, b.group)
-	require.NoError(t, err)
+	if err != nil {
+		return 0, err
+	}
 	o, ok := os.Lookup(r.Topic, r.Partition)
 	if !ok || o.Err != nil {
-		return -1
+		return -1, nil
 	}
-	return o.At
+	return o.At, nil
 }
 
-// waitCommitted waits until the committed offset of r's partition is want.
+// waitCommitted waits until the committed offset of r's partition is want
+// (Kafka's committed offsets offer nothing to wait on but asking again).
 func (b *kafkaBundle) waitCommitted(t *testing.T, r *kgo.Record, want int64) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		got := b.committed(t, r)
-		if got == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("committed offset of %s/%d is %d, want %d", r.Topic, r.Partition, got, want)
-		}
-		pause(50 * time.Millisecond)
-	}
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		at, err := b.committedOffset(r)
+		require.NoError(c, err)
+		assert.Equal(c, want, at, "committed offset of %s/%d", r.Topic, r.Partition)
+	}, 30*time.Second, 50*time.Millisecond)
 }
 
-// pause waits between polls of external state (Kafka's committed offsets
-// offer nothing to wait on).
-func pause(d time.Duration) { <-time.After(d) }
+// waitEvents waits until rec holds at least n events of type typ.
+func waitEvents(t *testing.T, rec *events.Recorder, typ events.Type, n int) {
+	t.Helper()
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		assert.GreaterOrEqual(c, len(rec.OfType(typ)), n, "%s events", typ)
+	}, 60*time.Second, 10*time.Millisecond)
+}
 
 // readDLQ reads n records from the DLQ topic.
 func (b *kafkaBundle) readDLQ(t *testing.T, n int) []*kgo.Record {

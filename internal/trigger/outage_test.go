@@ -32,11 +32,7 @@ func TestRedisDownTriggerIsRetriedNotCommittedThenProcessed(t *testing.T) {
 	rs.Stop() // the lock backend goes away
 	rec := kb.produce(t, kb.widgets, "5", `{"n":5,"request_id":"outage-1"}`)
 
-	deadline := time.Now().Add(60 * time.Second)
-	for len(kb.rec.OfType(events.OwnershipUnavailable)) < 2 {
-		require.True(t, time.Now().Before(deadline), "no repeated ownership.unavailable")
-		pause(20 * time.Millisecond)
-	}
+	waitEvents(t, kb.rec, events.OwnershipUnavailable, 2) // retried, not given up
 	u := kb.rec.OfType(events.OwnershipUnavailable)[0]
 	require.Equal(t, "widget:5", u.Key)
 	require.Equal(t, "outage-1", u.RequestID)
@@ -44,10 +40,7 @@ func TestRedisDownTriggerIsRetriedNotCommittedThenProcessed(t *testing.T) {
 	require.Empty(t, kb.rec.OfType(events.OwnershipAcquired))
 
 	rs.Start() // Redis is back: the retried trigger goes through
-	for len(kb.rec.OfType(events.RunCompleted)) < 1 {
-		require.True(t, time.Now().Before(deadline), "the trigger was never processed after Redis came back")
-		pause(20 * time.Millisecond)
-	}
+	waitEvents(t, kb.rec, events.RunCompleted, 1)
 	kb.waitCommitted(t, rec, rec.Offset+1)
 	require.Len(t, kb.rec.OfType(events.RunCompleted), 1, "run once, after Redis came back")
 	require.Equal(t, "outage-1", kb.rec.OfType(events.RunCompleted)[0].RequestID)

@@ -31,7 +31,10 @@ func newLocker(t testing.TB, url, mode, prefix string, o ownershiptest.Options) 
 	client, err := redislock.NewClient(url, mode)
 	require.NoError(t, err)
 	l, err := redislock.New(client, redislock.Config{
-		Prefix: prefix, Owner: o.Owner, WaitTime: o.WaitTime, WatchdogTimeout: o.WatchdogTimeout,
+		Prefix: prefix, Owner: o.Owner, WaitTime: o.WaitTime, WatchdogTimeout: o.WatchdogTimeout, Metrics: o.Metrics,
+		// Where there is a replica (Sentinel), a busy machine's may take
+		// longer than the default 200ms to acknowledge.
+		ReplicaTimeout: 1500 * time.Millisecond,
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -95,7 +98,8 @@ func clusterEnv(t testing.TB) (url string, prefix string, admin *redis.ClusterCl
 		})
 		_ = admin.Close()
 	})
-	return "redis://" + strings.Join(addrs, ","), prefix, admin
+	// go-redis' cluster URL: one seed in the authority, the others as addr options.
+	return "redis://" + addrs[0] + "?addr=" + strings.Join(addrs[1:], "&addr="), prefix, admin
 }
 
 func TestConformanceCluster(t *testing.T) {

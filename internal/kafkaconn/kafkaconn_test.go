@@ -1,0 +1,174 @@
+package kafkaconn_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/goleak"
+
+	"github.com/telco-platform/coordinator/internal/config"
+	"github.com/telco-platform/coordinator/internal/kafkaconn"
+	"github.com/telco-platform/coordinator/internal/testenv"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// secureEnv is the configuration of a client of the SASL_SSL listener.
+func secureEnv(k *testenv.SecureKafka, mechanism string) map[string]string {
+	return map[string]string{
+		"COORDINATOR_KAFKA_BROKERS":            strings.Join(k.Brokers, ","),
+		"COORDINATOR_KAFKA_TLS_CA_FILE":        k.CAFile,
+		"COORDINATOR_KAFKA_SASL_MECHANISM":     mechanism,
+		"COORDINATOR_KAFKA_SASL_USERNAME":      k.Username,
+		"COORDINATOR_KAFKA_SASL_PASSWORD_FILE": k.PasswordFile,
+	}
+}
+
+func load(t *testing.T, env map[string]string) config.Config {
+	t.Helper()
+	cfg, _, err := config.Load("test", nil, func(k string) string { return env[k] })
+	require.NoError(t, err)
+	return cfg
+}
+
+// client builds a franz-go client the way every coordinator client does.
+func client(t *testing.T, cfg config.Config, extra ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	opts, err := kafkaconn.Options(cfg)
+	require.NoError(t, err)
+	cl, err := kgo.NewClient(append(append([]kgo.Opt{kgo.SeedBrokers(cfg.KafkaBrokers...)}, opts...), extra...)...)
+	require.NoError(t, err)
+	t.Cleanup(cl.Close)
+	return cl
+}
+
+func TestEveryMechanismOnTheSecureListener(t *testing.T) {
+	t.Parallel()
+	k := testenv.KafkaSecure(t)
+	plain := testenv.Kafka(t)
+	for _, mech := range []string{config.SASLPlain, config.SASLScramSHA256, config.SASLScramSHA512} {
+		t.Run(mech, func(t *testing.T) {
+			t.Parallel()
+			cfg := load(t, secureEnv(k, mech))
+			require.Equal(t, "sasl_ssl/"+mech+" user="+k.Username, kafkaconn.Describe(cfg))
+			cl := client(t, cfg, kgo.ProducerLinger(0))
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			require.NoError(t, kafkaconn.Check(ctx, cl))
+
+			// Admin, produce: over SASL_SSL. Read back over the PLAINTEXT
+			// listener of the same broker.
+			topic := plain.Topic("secure." + strings.ToLower(mech))
+			adm := kadm.NewClient(cl)
+			_, err := adm.CreateTopic(ctx, 1, -1, nil, topic)
+			require.NoError(t, err)
+			t.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				_, _ = adm.DeleteTopics(ctx, topic)
+			})
+			require.NoError(t, cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Value: []byte(mech)}).FirstErr())
+			recs := testenv.ReadRecords(t, plain.Brokers, topic, 1)
+			require.Equal(t, mech, string(recs[0].Value))
+		})
+	}
+}
+
+// checkFails runs Check with env and returns its error, which must be a
+// failure retrying cannot mend, found within the bound that "fails fast"
+// means here (the broker answers in milliseconds; 10s survives a busy box).
+func checkFails(t *testing.T, env map[string]string, kind error) error {
+	t.Helper()
+	cl := client(t, load(t, env))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := kafkaconn.Check(ctx, cl)
+	require.Error(t, err)
+	require.NoError(t, ctx.Err(), "Check must fail at once, not retry until the deadline")
+	require.True(t, kafkaconn.Fatal(err), "%v", err)
+	require.ErrorIs(t, err, kind)
+	return err
+}
+
+func TestWrongPasswordFailsFastWithoutThePassword(t *testing.T) {
+	t.Parallel()
+	k := testenv.KafkaSecure(t)
+	for _, mech := range []string{config.SASLPlain, config.SASLScramSHA512} {
+		t.Run(mech, func(t *testing.T) {
+			t.Parallel()
+			env := secureEnv(k, mech)
+			delete(env, "COORDINATOR_KAFKA_SASL_PASSWORD_FILE")
+			env["COORDINATOR_KAFKA_SASL_PASSWORD"] = "wrong-Hunter2-password"
+			err := checkFails(t, env, kafkaconn.ErrAuthentication)
+			require.NotContains(t, err.Error(), "Hunter2")
+			require.NotContains(t, err.Error(), k.Password(t))
+			require.Contains(t, err.Error(), "COORDINATOR_KAFKA_SASL_PASSWORD")
+		})
+	}
+}
+
+func TestCertificateProblemsAreFatal(t *testing.T) {
+	t.Parallel()
+	k := testenv.KafkaSecure(t)
+	foreignCA, foreignCert, foreignKey := testenv.ForeignTLS(t)
+	t.Run("system roots do not know the test CA", func(t *testing.T) {
+		t.Parallel()
+		env := secureEnv(k, config.SASLScramSHA512)
+		delete(env, "COORDINATOR_KAFKA_TLS_CA_FILE")
+		env["COORDINATOR_KAFKA_TLS"] = "true"
+		checkFails(t, env, kafkaconn.ErrCertificate)
+	})
+	t.Run("another CA", func(t *testing.T) {
+		t.Parallel()
+		env := secureEnv(k, config.SASLScramSHA512)
+		env["COORDINATOR_KAFKA_TLS_CA_FILE"] = foreignCA
+		checkFails(t, env, kafkaconn.ErrCertificate)
+	})
+	t.Run("client certificate", func(t *testing.T) {
+		t.Parallel()
+		// The mTLS listener requires a certificate of the test CA: without
+		// one, or with another CA's, the handshake fails; with the test
+		// client's it passes, which proves the client sends what it is given.
+		env := map[string]string{"COORDINATOR_KAFKA_BROKERS": strings.Join(k.MTLSBrokers, ","), "COORDINATOR_KAFKA_TLS_CA_FILE": k.CAFile}
+		checkFails(t, env, kafkaconn.ErrCertificate)
+		env["COORDINATOR_KAFKA_TLS_CERT_FILE"], env["COORDINATOR_KAFKA_TLS_KEY_FILE"] = foreignCert, foreignKey
+		checkFails(t, env, kafkaconn.ErrCertificate)
+
+		env["COORDINATOR_KAFKA_TLS_CERT_FILE"], env["COORDINATOR_KAFKA_TLS_KEY_FILE"] = k.ClientCertFile, k.ClientKeyFile
+		cl := client(t, load(t, env))
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		require.NoError(t, kafkaconn.Check(ctx, cl))
+	})
+	t.Run("plaintext client on the TLS listener", func(t *testing.T) {
+		t.Parallel()
+		checkFails(t, map[string]string{"COORDINATOR_KAFKA_BROKERS": strings.Join(k.Brokers, ",")}, kafkaconn.ErrHandshake)
+	})
+}
+
+func TestUnreachableIsNotFatal(t *testing.T) {
+	t.Parallel()
+	cl := client(t, load(t, map[string]string{"COORDINATOR_KAFKA_BROKERS": "127.0.0.1:1"}))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := kafkaconn.Check(ctx, cl)
+	require.Error(t, err)
+	require.False(t, kafkaconn.Fatal(err), "a broker that is down may come back: %v", err)
+	var ke *kafkaconn.Error
+	require.False(t, errors.As(err, &ke))
+}
+
+func TestPlaintextHasNoOptions(t *testing.T) {
+	t.Parallel()
+	cfg := load(t, nil)
+	opts, err := kafkaconn.Options(cfg)
+	require.NoError(t, err)
+	require.Empty(t, opts)
+	require.Equal(t, "plaintext", kafkaconn.Describe(cfg))
+}
