@@ -32,6 +32,7 @@ type Run struct {
 	// the trace context every event carries.
 	tr                      trace.Tracer
 	span                    trace.Span
+	recording               bool // the run's span is recorded (sampled)
 	traceparent, tracestate string
 }
 

@@ -42,14 +42,16 @@ const (
 // ends it. With tracing off it returns ctx and a span that does nothing, at
 // no cost: check Tracing before building attributes.
 func (r *Run) StartSpan(ctx context.Context, name string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
-	if r.tr == nil {
+	if !r.recording {
 		return ctx, trace.SpanFromContext(context.Background())
 	}
 	return r.tr.Start(ctx, name, trace.WithAttributes(attrs...))
 }
 
-// Tracing reports whether the run's spans are recorded.
-func (r *Run) Tracing() bool { return r.tr != nil }
+// Tracing reports whether the run's spans are recorded: tracing is on and
+// the sampler kept the run's trace. An unsampled run starts no span of the
+// template's or the kind's (its libraries' spans are unsampled too).
+func (r *Run) Tracing() bool { return r.recording }
 
 // TraceParent is the W3C traceparent the run's events carry (empty when
 // the run has no trace context).
@@ -65,6 +67,7 @@ func (r *Run) startTrace(ctx context.Context, tr trace.Tracer) {
 		_, r.span = tr.Start(ctx, "run "+r.job, trace.WithAttributes(AttrJob.String(r.job), AttrLockKey.String(r.key),
 			AttrRequestID.String(r.trigger.RequestID), AttrTrigger.String(string(r.trigger.Source)), AttrReplica.String(r.replica)))
 		sc = r.span.SpanContext()
+		r.recording = r.span.IsRecording()
 	}
 	r.traceparent, r.tracestate = telemetry.TraceParent(sc)
 	if sc.IsValid() {
@@ -82,8 +85,8 @@ func (r *Run) inSpan(ctx context.Context) context.Context {
 
 // child starts a template span under the run's span.
 func (r *Run) child(ctx context.Context, name string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
-	if r.tr == nil {
-		return ctx, trace.SpanFromContext(context.Background())
+	if !r.recording {
+		return r.inSpan(ctx), trace.SpanFromContext(context.Background())
 	}
 	return r.tr.Start(r.inSpan(ctx), name, trace.WithAttributes(attrs...))
 }
@@ -91,7 +94,7 @@ func (r *Run) child(ctx context.Context, name string, attrs ...attribute.KeyValu
 // eventSpan covers one event's emission; the Kafka sink's publish span
 // nests under it.
 func (r *Run) eventSpan(ctx context.Context, e *events.Event) (context.Context, trace.Span) {
-	if r.tr == nil {
+	if !r.recording {
 		return ctx, trace.SpanFromContext(context.Background())
 	}
 	return r.child(ctx, "event "+string(e.Type),

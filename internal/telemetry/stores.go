@@ -23,12 +23,15 @@ func (p *Provider) PgxTracer() pgx.QueryTracer {
 
 // InstrumentRedis traces client's commands with redisotel (a span per
 // command or pipeline, without the arguments: lock scripts carry owner
-// tokens); it does nothing when tracing is off.
+// tokens; without the caller's code location, which walks the stack on
+// every command, sampled or not, and would always name the lock adapter);
+// it does nothing when tracing is off.
 func (p *Provider) InstrumentRedis(client redis.UniversalClient) error {
 	if !p.Enabled() {
 		return nil
 	}
-	if err := redisotel.InstrumentTracing(client, redisotel.WithTracerProvider(p.tp), redisotel.WithDBStatement(false)); err != nil {
+	if err := redisotel.InstrumentTracing(client, redisotel.WithTracerProvider(p.tp), redisotel.WithDBStatement(false),
+		redisotel.WithCallerEnabled(false)); err != nil {
 		return fmt.Errorf("telemetry: instrument redis: %w", err)
 	}
 	return nil
