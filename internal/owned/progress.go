@@ -125,26 +125,41 @@ func (l logReporter) Track(run *Run) func() {
 	if l.interval <= 0 {
 		return func() {}
 	}
-	msg := ProgressMessage(run.job)
-	quit, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(l.interval)
-		defer t.Stop()
-		for {
-			select {
-			case <-t.C:
-				run.Log().LogAttrs(context.Background(), slog.LevelInfo, msg, ProgressAttrs(run.Progress())...)
-			case <-quit:
-				return
-			}
-		}
-	}()
-	var once sync.Once
-	return func() {
-		once.Do(func() { close(quit) })
-		<-done
+	// A timer, not a goroutine: a run shorter than the interval costs one
+	// timer and nothing else.
+	t := &logTick{run: run, msg: ProgressMessage(run.job), interval: l.interval}
+	t.mu.Lock()
+	t.timer = time.AfterFunc(l.interval, t.fire)
+	t.mu.Unlock()
+	return t.stop
+}
+
+// logTick logs one run's progress every interval until stopped.
+type logTick struct {
+	run      *Run
+	msg      string
+	interval time.Duration
+
+	mu      sync.Mutex // held while logging, so stop waits for a record being written
+	timer   *time.Timer
+	stopped bool
+}
+
+func (t *logTick) fire() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.stopped {
+		return
 	}
+	t.run.Log().LogAttrs(context.Background(), slog.LevelInfo, t.msg, ProgressAttrs(t.run.Progress())...)
+	t.timer.Reset(t.interval)
+}
+
+func (t *logTick) stop() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.stopped = true
+	t.timer.Stop()
 }
 
 // ProgressAttrs are the fields of a progress log record.

@@ -80,9 +80,12 @@ func (r *Run) send(ctx context.Context, typ events.Type, fence int64, owner stri
 		extra["lock_fence"] = r.lockFence
 	}
 	e := events.Event{
-		ID: events.NewID(), Type: typ, Key: r.key, Job: r.job, Replica: r.replica, Trigger: string(r.trigger.Source),
+		Type: typ, Key: r.key, Job: r.job, Replica: r.replica, Trigger: string(r.trigger.Source),
 		RequestID: r.trigger.RequestID, Fence: fence, Owner: owner, Extra: extra,
 		TraceParent: r.traceparent, TraceState: r.tracestate,
+	}
+	if r.recording { // the event span names the id; otherwise the sinks give it one
+		e.ID = events.NewID()
 	}
 	ctx, span := r.eventSpan(context.WithoutCancel(ctx), &e)
 	r.emit.Emit(ctx, e)
