@@ -40,6 +40,18 @@
 //     already invoiced are reported in one billrun.invoice_conflict event
 //     (count and sample) and in the result's counts.
 //
+// # Progress
+//
+// A run tells the template (owned.Run) the batches earlier runs committed,
+// each batch it commits with its subscribers, and its total: an estimate
+// counted beside the first batches (sqlCountToPlan: the ACTIVE subscribers
+// less those of the committed batches, in batches), then the exact number
+// once the planner has walked every ACTIVE id (progress.go). The total is
+// stored in bill_runs.batches_total under the fence, so GET
+// /v1/billruns/{period} shows the same progress on every replica (Status.
+// Progress; percent 100 once COMPLETED). Each batch is a billrun.batch span
+// when the run is traced.
+//
 // # Events
 //
 // Through the template's events.Emitter: Key = the lock key, Job
