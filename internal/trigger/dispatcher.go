@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
 )
@@ -102,7 +104,7 @@ func (d *Dispatcher) Run(ctx context.Context, k owned.Kind, p owned.Params, t jo
 	ctx, cancel := d.runContext(ctx)
 	defer cancel()
 	res := d.runner.Run(ctx, k, p, t)
-	d.finished(t, res)
+	d.finished(ctx, t, res)
 	return res, nil
 }
 
@@ -120,7 +122,7 @@ func (d *Dispatcher) Start(ctx context.Context, k owned.Kind, p owned.Params, t 
 	o, res := d.runner.Begin(beginCtx, k, p, t)
 	cancelBegin()
 	if o == nil {
-		d.finished(t, res)
+		d.finished(ctx, t, res)
 		d.end()
 		return res, false, nil
 	}
@@ -128,7 +130,7 @@ func (d *Dispatcher) Start(ctx context.Context, k owned.Kind, p owned.Params, t 
 	go func() {
 		defer d.end()
 		defer cancel()
-		d.finished(t, o.Execute(runCtx))
+		d.finished(runCtx, t, o.Execute(runCtx))
 	}()
 	return res, true, nil
 }
@@ -139,15 +141,21 @@ func (d *Dispatcher) Status(ctx context.Context, k owned.Kind, id string) (any, 
 	return d.runner.Status(ctx, k, id)
 }
 
-func (d *Dispatcher) finished(t job.Trigger, res job.Result) {
+// finished logs the run's end; ctx carries the trigger's trace context, so
+// the line has the run's trace_id like every other line of the run.
+func (d *Dispatcher) finished(ctx context.Context, t job.Trigger, res job.Result) {
 	d.m.outcome(t.Source, res.Job, res.Outcome)
 	level := slog.LevelInfo
 	if !res.Outcome.Handled() || res.Outcome == job.OutcomeFailed {
 		level = slog.LevelWarn
 	}
-	d.log.Log(context.Background(), level, "trigger_dispatched", "job", res.Job, "lock_key", res.Key,
+	args := []any{"job", res.Job, "lock_key", res.Key,
 		"outcome", string(res.Outcome), "trigger", string(t.Source), "request_id", t.RequestID,
-		"owner", res.Owner, "fence", res.Fence, "duration", time.Duration(res.DurationMS)*time.Millisecond, "err", res.Error)
+		"owner", res.Owner, "fence", res.Fence, "duration", time.Duration(res.DurationMS) * time.Millisecond, "err", res.Error}
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		args = append(args, "trace_id", sc.TraceID().String())
+	}
+	d.log.Log(context.Background(), level, "trigger_dispatched", args...)
 }
 
 // Shutdown stops accepting work and waits for the runs in flight. When ctx
