@@ -46,9 +46,13 @@ type Event struct {
 	Replica   string
 	Trigger   string
 	RequestID string
-	Fence     int64
-	Owner     string
-	Extra     map[string]any
+	// RequestedBy and Principal say who asked (job.Trigger); omitted when
+	// empty.
+	RequestedBy string
+	Principal   string
+	Fence       int64
+	Owner       string
+	Extra       map[string]any
 }
 
 // CloudEvent is the structured-mode JSON form (CloudEvents 1.0).
@@ -85,6 +89,12 @@ func (e Event) Cloud() CloudEvent {
 	}
 	if e.Owner != "" {
 		data["owner"] = e.Owner
+	}
+	if e.RequestedBy != "" {
+		data["requested_by"] = e.RequestedBy
+	}
+	if e.Principal != "" {
+		data["principal"] = e.Principal
 	}
 	return CloudEvent{
 		SpecVersion: "1.0", ID: e.ID, Source: Source, Type: e.Type, Subject: e.Key,

@@ -63,6 +63,7 @@
 // a resumer re-runs incomplete runs through Runner.Run with its own
 // job.Source and classifies outcomes where classify does; progress reporting
 // becomes a method of Run that the template turns into logs, status and
-// gauges; the requester (job.Trigger.RequestedBy) reaches every event from
-// Run.send; tracing spans wrap Begin's acquire and Claim and Execute's Run.
+// gauges; the requester and principal (job.Trigger.RequestedBy, Principal)
+// reach every event from Run.send, and a Claimer records them from
+// Run.Trigger (bill_runs.requested_by, principal); tracing spans wrap Begin's acquire and Claim and Execute's Run.
 package owned
