@@ -37,6 +37,13 @@ type Status struct {
 	FinishedAt *time.Time       `json:"finished_at,omitempty"`
 	UpdatedAt  time.Time        `json:"updated_at"`
 	LastError  string           `json:"last_error,omitempty"`
+	// RequestedBy, Principal, RequestID and Trigger are the latest claim's
+	// trigger: who asked, which admin token (HTTP), its request id and
+	// source.
+	RequestedBy string `json:"requested_by,omitempty"`
+	Principal   string `json:"principal,omitempty"`
+	RequestID   string `json:"request_id,omitempty"`
+	Trigger     string `json:"trigger,omitempty"`
 }
 
 // ReadStatus reads p's bill run; ErrNotFound when there is none.
@@ -47,7 +54,8 @@ func ReadStatus(ctx context.Context, pool *pgxpool.Pool, p Period) (Status, erro
 		batches, subs, created, already int64
 	)
 	err := pool.QueryRow(ctx, sqlStatus, p.String()).Scan(&s.Period, &s.Status, &s.Owner, &s.Fence, &lockFence,
-		&s.Attempts, &s.StartedAt, &s.FinishedAt, &s.UpdatedAt, &s.LastError, &batches, &subs, &created, &already)
+		&s.Attempts, &s.StartedAt, &s.FinishedAt, &s.UpdatedAt, &s.LastError,
+		&s.RequestedBy, &s.Principal, &s.RequestID, &s.Trigger, &batches, &subs, &created, &already)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Status{}, fmt.Errorf("%w %s", ErrNotFound, p)
 	}
