@@ -122,13 +122,15 @@ func New(cfg Config) (*Monitor, error) {
 	return m, nil
 }
 
-// Start runs the first round at once and then one every Interval, until
-// Stop. It returns immediately.
+// Start runs the first round before it returns (each check bounded by
+// Timeout), so the report is meaningful from the start, and then one every
+// Interval in the background, until Stop.
 func (m *Monitor) Start(ctx context.Context) error {
 	started := false
 	m.startOnce.Do(func() {
 		started = true
 		ctx, m.cancel = context.WithCancel(context.WithoutCancel(ctx))
+		m.Round(ctx)
 		go m.loop(ctx)
 	})
 	if !started {
@@ -151,7 +153,7 @@ func (m *Monitor) Stop() {
 
 func (m *Monitor) loop(ctx context.Context) {
 	defer close(m.done)
-	t := time.NewTimer(0)
+	t := time.NewTimer(m.cfg.Interval)
 	defer t.Stop()
 	for {
 		select {

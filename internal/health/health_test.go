@@ -68,6 +68,8 @@ func TestChecksRunInTheBackgroundNotPerRead(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, m.Start(context.Background()))
 	defer m.Stop()
+	n, _ := m.Rounds()
+	require.Equal(t, 1, n, "Start ran the first round")
 	waitRounds(t, m, 1)
 	for range 1000 {
 		s := m.Snapshot()
@@ -161,4 +163,19 @@ func TestNewValidates(t *testing.T) {
 	require.ErrorContains(t, err, `"x"`)
 	_, err = health.New(health.Config{Checks: []health.Check{{Name: "y"}}})
 	require.ErrorContains(t, err, `"y"`)
+}
+
+func TestLoopRunsOnTheInterval(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	m, err := health.New(health.Config{Interval: 20 * time.Millisecond, Checks: []health.Check{{Name: "redis", Check: func(context.Context) error {
+		calls.Add(1)
+		return nil
+	}}}})
+	require.NoError(t, err)
+	require.NoError(t, m.Start(context.Background()))
+	waitRounds(t, m, 4)
+	m.Stop()
+	n, _ := m.Rounds()
+	require.EqualValues(t, n, calls.Load())
 }
