@@ -10,7 +10,7 @@ TEST_TIMEOUT ?= 12m
 TEST_FLAGS   ?= -count=1 -timeout $(TEST_TIMEOUT)
 STATICCHECK  ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: build test lint services-up services-down services-status demo bench bench-peers clean
+.PHONY: build test lint services-up services-down services-status demo bench bench-peers chaos clean
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/coordinator
@@ -43,6 +43,27 @@ demo:
 	$(GO) build -o $(DEMO_BIN) ./cmd/coordinator-demo
 	scripts/services install redis postgres
 	$(DEMO_BIN) $(DEMO_FLAGS)
+
+## chaos: the fault-injection verifier (docs/chaos.md, RELIABILITY.md). It starts its own Redis
+## (master, replica, sentinel), PostgreSQL and Kafka on free loopback ports, never the shared ones.
+## CHAOS_DURATION seconds of faults (default 120), CHAOS_SEED (default random, printed first),
+## CHAOS_OUT (default chaos-out/); exit 0 only when no anomaly was found. CHAOS_SABOTAGE=1 runs it
+## against the deliberately unsafe chaos_sabotage build, which must be caught (non-zero exit).
+## The coordinator under test is built with -tags testhooks (as for the e2e tests): the product's
+## code plus its two test hooks (slower batches, a shorter Kafka session timeout).
+CHAOS_DURATION ?= 120
+CHAOS_OUT      ?= chaos-out
+chaos:
+	scripts/services install redis postgres kafka
+	$(GO) build -o bin/chaos ./cmd/chaos
+	@case "$(CHAOS_SABOTAGE)" in \
+	  1|true|yes) tags=testhooks,chaos_sabotage; out=bin/coordinator-sabotage ;; \
+	  *)          tags=testhooks;                out=bin/coordinator-chaos ;; \
+	esac; \
+	echo "$(GO) build -tags $$tags -o $$out ./cmd/coordinator"; \
+	$(GO) build -tags $$tags -ldflags "-X main.version=$(VERSION)" -o $$out ./cmd/coordinator
+	CHAOS_DURATION="$(CHAOS_DURATION)" CHAOS_SEED="$(CHAOS_SEED)" CHAOS_OUT="$(CHAOS_OUT)" \
+	  CHAOS_SABOTAGE="$(CHAOS_SABOTAGE)" CHAOS_FAULTS="$(CHAOS_FAULTS)" CHAOS_RECOVERY="$(CHAOS_RECOVERY)" bin/chaos
 
 ## bench: the in-repo Go benchmarks against the local services (figures go to BENCHMARKS.md by hand).
 bench: services-up

@@ -144,7 +144,7 @@ func (x *execution) runBatch(ctx context.Context, b batchRange, st *runState, re
 
 	var fence int64
 	var idle string
-	err = tx.QueryRow(ctx, sqlFenceCheck, period, x.fence, cfg.IdleInTransactionTimeout.String()).Scan(&fence, &idle)
+	err = tx.QueryRow(ctx, batchFenceSQL, period, x.fence, cfg.IdleInTransactionTimeout.String()).Scan(&fence, &idle)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return out, errFenceLost
 	}

@@ -79,6 +79,9 @@ func (r *Run) send(ctx context.Context, typ events.Type, fence int64, owner stri
 const (
 	ReasonLeaseLost = "lease_lost" // the lease ended: renewal found the lock gone, or it ran out
 	ReasonShutdown  = "shutdown"   // the caller's context ended (the replica is stopping)
+	// ReasonReleaseFailed: the release did not reach the backend; the lock
+	// expires with its TTL (only on the ownership.lost that ends the term).
+	ReasonReleaseFailed = "release_failed"
 )
 
 var (

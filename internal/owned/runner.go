@@ -112,6 +112,7 @@ type Owned struct {
 	res    job.Result
 
 	executed atomic.Bool
+	lostSent bool // an ownership.lost ended the term in the event stream
 }
 
 // Fence is the claim's fence (Claimer), else the lock's.
@@ -292,6 +293,7 @@ func (o *Owned) settle(ctx context.Context, rep Report, err, cause error) job.Ou
 			o.res.Error = err.Error()
 		}
 		data["reason"] = reason
+		o.lostSent = true
 		o.run.send(ctx, events.OwnershipLost, o.run.fence, "", data)
 	default:
 		o.res.Error = err.Error()
@@ -329,7 +331,10 @@ func (o *Owned) classify(err, cause error) (job.Outcome, string) {
 // bounded context that outlives a cancelled ctx. TTL expiry is the backstop.
 func (o *Owned) release(ctx context.Context) {
 	held, log := o.held, o.run.log
-	if held.Err() != nil { // lost or run out: nothing of ours is left
+	if err := held.Err(); err != nil { // lost or run out: nothing of ours is left
+		if errors.Is(err, ownership.ErrLeaseLost) {
+			o.lostAfterRun(ctx, ReasonLeaseLost)
+		}
 		return
 	}
 	if hold := o.lease.MinHold; hold > 0 {
@@ -350,12 +355,28 @@ func (o *Owned) release(ctx context.Context) {
 	relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ownership.ReleaseTimeout)
 	defer cancel()
 	if err := held.Release(relCtx); err != nil {
-		if !errors.Is(err, ownership.ErrNotHeld) {
-			log.Warn("run_release_failed", "error", err)
+		if errors.Is(err, ownership.ErrNotHeld) {
+			o.lostAfterRun(ctx, ReasonLeaseLost)
+			return
 		}
+		log.Warn("run_release_failed", "error", err)
+		o.lostAfterRun(ctx, ReasonReleaseFailed)
 		return
 	}
 	o.run.send(ctx, events.OwnershipReleased, o.run.fence, "", map[string]any{"release": "delete"})
+}
+
+// lostAfterRun ends the term in the event stream when the release could not:
+// the lease had ended already (a run that completed under its Postgres fence
+// after the lock was lost), or the delete did not reach the backend (the lock
+// expires with its TTL). Every ownership.acquired is followed by a released
+// or a lost; a lost the run's own outcome already sent is not repeated.
+func (o *Owned) lostAfterRun(ctx context.Context, reason string) {
+	if o.lostSent {
+		return
+	}
+	o.lostSent = true
+	o.run.send(ctx, events.OwnershipLost, o.run.fence, "", map[string]any{"reason": reason, "after_run": true})
 }
 
 // end fixes the outcome, records metrics and tells an Observer.

@@ -106,6 +106,14 @@ func TestOutcomePerErrorEventsAndRelease(t *testing.T) {
 			},
 			outcome: job.OutcomeLost, reason: owned.ReasonLeaseLost, errorHas: owned.ReasonLeaseLost,
 			events: []events.Type{events.OwnershipAcquired, events.OwnershipLost}},
+		{name: "work completed under its fence after the lease was lost: the term still ends in the events",
+			run: func(ctx context.Context, r *owned.Run, b *bundle) (owned.Report, error) {
+				b.locker.DeleteLock(r.Key())
+				<-ctx.Done()
+				return owned.Report{}, nil // every step committed under the store's fence
+			},
+			outcome: job.OutcomeCompleted,
+			events:  []events.Type{events.OwnershipAcquired, events.RunCompleted, events.OwnershipLost}},
 		{name: "shutdown mid-run releases",
 			run: func(ctx context.Context, _ *owned.Run, _ *bundle) (owned.Report, error) {
 				return owned.Report{}, waitCtx(ctx)

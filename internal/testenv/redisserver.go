@@ -219,6 +219,15 @@ func StartRedisSentinelSet(t testing.TB, args ...string) *RedisSentinelSet {
 		info, err := rc.Info(ctx, "replication").Result()
 		return err == nil && strings.Contains(info, "master_link_status:up")
 	})
+	// The master's own view lags the replica's: a Locker that reads the
+	// replica count (WaitReplicas auto) before the master lists it online
+	// would wait for no replica at all.
+	mc := redis.NewClient(&redis.Options{Addr: master.Addr(), MaxRetries: -1})
+	defer mc.Close()
+	waitFor(t, 20*time.Second, "master lists the replica online", func(ctx context.Context) bool {
+		info, err := mc.Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(info, "state=online")
+	})
 	s.Sentinel = StartRedisServerWith(t, RedisServerOptions{SentinelConf: []string{
 		fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 1", s.MasterName, master.Port()),
 		"sentinel down-after-milliseconds " + s.MasterName + " 1000",

@@ -32,6 +32,9 @@ func newLocker(t testing.TB, url, mode, prefix string, o ownershiptest.Options) 
 	require.NoError(t, err)
 	l, err := redislock.New(client, redislock.Config{
 		Prefix: prefix, Owner: o.Owner, WaitTime: o.WaitTime, WatchdogTimeout: o.WatchdogTimeout, Metrics: o.Metrics,
+		// Where there is a replica (Sentinel), a busy machine's may take
+		// longer than the default 200ms to acknowledge.
+		ReplicaTimeout: 1500 * time.Millisecond,
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() {

@@ -85,7 +85,11 @@ func TestUnacknowledgedByTheReplica(t *testing.T) {
 	const ttl = 1500 * time.Millisecond
 	set := testenv.StartRedisSentinelSet(t)
 	ctx := context.Background()
-	l := newSentinelLocker(t, set, redislock.Config{Owner: "a", WaitTime: time.Second, WatchdogTimeout: ttl})
+	// The held lease's acquisition needs the replica's acknowledgement,
+	// which a busy machine's replica may take longer than the default 200ms
+	// to give: 1.5s (below the 2s read timeout). The WAIT that must fail
+	// (replica paused) then lasts that long, inside a 10s budget.
+	l := newSentinelLocker(t, set, redislock.Config{Owner: "a", WaitTime: 10 * time.Second, WatchdogTimeout: ttl, ReplicaTimeout: 1500 * time.Millisecond})
 	master := set.Master.Client(t)
 
 	held, err := l.Acquire(ctx, "held", 0)

@@ -1,0 +1,69 @@
+// Package chaos is the coordinator's fault-injection verifier, in the
+// manner of Jepsen: it runs the real product as separate processes against
+// real Redis, PostgreSQL and Kafka, injects faults drawn from a seed,
+// records a history and checks properties over it. `make chaos` runs it
+// (cmd/chaos); docs/chaos.md is the user's guide, RELIABILITY.md the record
+// of what it found.
+//
+// # What runs
+//
+// Everything on free loopback ports, owned by the verifier (children with
+// Pdeathsig, each in its own process group, stopped by PID): a redis-server
+// master and replica without persistence and a Sentinel (the product uses
+// sentinel mode, so failover is real); a throwaway PostgreSQL cluster
+// (initdb, then the postgres binary as a child, as the postgres OS user when
+// root) with track_commit_timestamp on; a single-node KRaft Kafka broker
+// from the jars scripts/services fetches. The shared test services are
+// never touched.
+//
+// The workload: Config.Replicas `coordinator serve` processes (each restart
+// is a new incarnation, r2-3 = slot 2, third start), bill-run triggers for
+// a new closed period every 1.5-3.5 s, one to three per period from Kafka
+// and HTTP, and repeats of old periods; a bill-run cron schedule firing
+// twice during the phase; the MSISDN reaper every 5 s over expired
+// reservations the verifier keeps adding; and Config.LockWorkers loops of
+// `coordinator lock --key K -- chaos critical`, whose helper records its
+// critical section (CLOCK_MONOTONIC start and end, shared by every process
+// on the host) and appends fenced rows (COORDINATOR_LOCK_FENCE) to the
+// verifier's tables; now and then it leaves a child running behind it, or
+// overruns its lease while ignoring SIGTERM.
+//
+// # Faults
+//
+// Plan derives the schedule from the seed alone (kinds, times, lengths,
+// target indices): replica SIGKILL and SIGSTOP past the watchdog TTL (the
+// owner of a running bill run when there is one, then a takeover trigger to
+// another replica), SIGKILL and SIGSTOP of a `coordinator lock` process,
+// Redis master restart (empty), Sentinel failover, DEBUG SLEEP past the
+// client's read timeout (optionally followed by takeovers of every RUNNING
+// run), PostgreSQL restart (fast or immediate, held down a while), Kafka
+// restart (SIGTERM or SIGKILL), and poison and ~1 MB triggers, each
+// followed by a valid trigger on the same partition. Timing is not
+// deterministic, nor is which process a fault hits at run time: a replay
+// repeats the schedule, not the interleaving.
+//
+// # Checks
+//
+// Check runs pure checkers over a History (checks.go; each has a violating
+// and a clean synthetic history in checks_test.go): exact invoices per
+// (subscriber, period); every accepted trigger's period COMPLETED within
+// the recovery bound, with no further trigger; no bill-run batch committed
+// under a fence below one already in effect (a later claim, seen through a
+// trigger-fed change log of bill_runs, or a batch); no fenced row below the
+// highest already committed for its key; fences strictly increasing per
+// key; no two lock holders inside their sections at once; nothing of a
+// holder's process tree alive or writing after its `coordinator lock`
+// exited; events agreeing with Postgres (one run.completed per COMPLETED
+// period, every ownership.acquired ended by released, lost or a crash);
+// poison dead-lettered; the reaper freeing what expired and nothing else;
+// replicas neither crashing nor hanging on shutdown.
+//
+// # The sabotage pass
+//
+// CHAOS_SABOTAGE=1 runs the same against the coordinator built with
+// -tags chaos_sabotage (internal/billrun/sabotage_chaos.go: a bill run
+// ignores a lost lease and its batches skip the claim-fence check). The
+// verifier refuses a binary whose build does not match the mode
+// (CheckBuild), and TestSabotagePassReportsAnomalies proves the stale
+// commits of that build are reported.
+package chaos
