@@ -532,6 +532,7 @@ func TestLockSecretVariables(t *testing.T) {
 		"COORDINATOR_LOCK_REDIS_TLS_KEY_FILE":  true,
 		"COORDINATOR_ADMIN_TOKEN":              true,
 		"COORDINATOR_ADMIN_TOKEN_FILE":         true,
+		"COORDINATOR_ADMIN_TOKENS_FILE":        true,
 		"COORDINATOR_KAFKA_SASL_PASSWORD":      true,
 		"COORDINATOR_KAFKA_TLS_KEY_FILE":       true,
 		"COORDINATOR_KAFKA_TLS_CA_FILE":        false, // public

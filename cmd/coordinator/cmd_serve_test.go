@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -18,6 +20,8 @@ func TestServeRejectsBadConfigBeforeTouchingServices(t *testing.T) {
 		"COORDINATOR_LOCK_REDIS_URL": "redis://127.0.0.1:1/0",
 		"COORDINATOR_KAFKA_BROKERS":  "127.0.0.1:1",
 	}
+	tokensFile := filepath.Join(t.TempDir(), "tokens")
+	require.NoError(t, os.WriteFile(tokensFile, []byte("# name:scopes:token\nci:mutate:CHANGE-ME\n"), 0o600))
 	with := func(k, v string) map[string]string {
 		env := map[string]string{k: v}
 		for bk, bv := range base {
@@ -39,6 +43,10 @@ func TestServeRejectsBadConfigBeforeTouchingServices(t *testing.T) {
 		{"bad flag value", base, []string{"--shutdown-timeout", "soon"}, []string{"COORDINATOR_SHUTDOWN_TIMEOUT", "soon"}},
 		{"no database", with("COORDINATOR_DATABASE_URL", ""), nil, []string{"COORDINATOR_DATABASE_URL"}},
 		{"stray argument", base, []string{"now"}, []string{"unexpected arguments"}},
+		{"short admin token", with("COORDINATOR_ADMIN_TOKEN", "CHANGE-ME"), nil, []string{"COORDINATOR_ADMIN_TOKEN", "at least 32 bytes"}},
+		{"bad admin tokens file", with("COORDINATOR_ADMIN_TOKENS_FILE", tokensFile), nil,
+			[]string{"COORDINATOR_ADMIN_TOKENS_FILE", "line 2 (ci): the token must be at least 32 bytes"}},
+		{"bad run cap", with("COORDINATOR_MAX_RUNS_IN_FLIGHT", "0"), nil, []string{"COORDINATOR_MAX_RUNS_IN_FLIGHT"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -48,6 +56,7 @@ func TestServeRejectsBadConfigBeforeTouchingServices(t *testing.T) {
 			for _, w := range c.want {
 				require.Contains(t, errs, w)
 			}
+			require.NotContains(t, errs, "CHANGE-ME", "a token is never echoed")
 		})
 	}
 }

@@ -13,8 +13,9 @@ import (
 
 // Claim takes the period's bill_runs row for this replica under the lock,
 // in one statement (sqlClaim): a new or unfinished row gets fence+1, this
-// owner, status RUNNING and the lock's fencing token; every batch of the
-// run proves that fence. A COMPLETED row is left alone: the answer is an
+// owner, status RUNNING and the lock's fencing token, and records who
+// asked (requested_by, principal, request_id, trigger_source); every batch
+// of the run proves that fence. A COMPLETED row is left alone: the answer is an
 // *owned.CompletedError naming the run that completed it, with the
 // period's totals.
 func (w *Worker) Claim(ctx context.Context, run *owned.Run, params owned.Params) (int64, error) {
@@ -23,7 +24,9 @@ func (w *Worker) Claim(ctx context.Context, run *owned.Run, params owned.Params)
 		return 0, job.BadInput("period %q is outside %d-01..%d-12", p.String(), MinYear, MaxYear)
 	}
 	var fence int64
-	err := w.pool.QueryRow(ctx, sqlClaim, p.String(), run.Replica(), run.LockFence()).Scan(&fence)
+	t := run.Trigger()
+	err := w.pool.QueryRow(ctx, sqlClaim, p.String(), run.Replica(), run.LockFence(),
+		t.RequestedBy, t.Principal, t.RequestID, string(t.Source)).Scan(&fence)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		st, serr := ReadStatus(ctx, w.pool, p)

@@ -191,6 +191,42 @@ func TestRunBillsActiveSubscribersWithUsage(t *testing.T) {
 	require.Empty(t, locks, "the lock is released")
 }
 
+// The claim records who asked: requested_by and principal of the trigger,
+// its request id and source, in bill_runs and in GET status; a later claim
+// of an unfinished period records its own requester.
+func TestClaimRecordsWhoAsked(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.seed(t, billrun.SeedConfig{Subscribers: 60})
+	r := b.runner(billrun.Config{})
+	ctx := context.Background()
+	byAlice := job.Trigger{Source: job.SourceHTTP, RequestID: "req-alice", RequestedBy: "alice", Principal: "billing-ops"}
+	require.Equal(t, job.OutcomeCompleted, r.Run(ctx, period, byAlice).Outcome)
+	row := func() [4]*string {
+		var v [4]*string
+		require.NoError(t, b.pool.QueryRow(ctx, `select requested_by, principal, request_id, trigger_source from bill_runs where period = $1`,
+			period.String()).Scan(&v[0], &v[1], &v[2], &v[3]))
+		return v
+	}
+	str := func(s string) *string { return &s }
+	require.Equal(t, [4]*string{str("alice"), str("billing-ops"), str("req-alice"), str("http")}, row())
+	st, err := r.Status(ctx, period)
+	require.NoError(t, err)
+	require.Equal(t, []string{"alice", "billing-ops", "req-alice", "http"}, []string{st.RequestedBy, st.Principal, st.RequestID, st.Trigger})
+	for _, e := range b.rec.Events() {
+		require.Equal(t, "alice", e.RequestedBy, e.Type)
+		require.Equal(t, "billing-ops", e.Principal, e.Type)
+	}
+
+	// Unfinished again (as after a failure): the next claim is a Kafka
+	// trigger's, with no principal; NULL, not an empty string.
+	_, err = b.pool.Exec(ctx, `update bill_runs set status = 'FAILED' where period = $1`, period.String())
+	require.NoError(t, err)
+	byKafka := job.Trigger{Source: job.SourceKafka, RequestID: "req-kafka", RequestedBy: "subscription-service"}
+	require.Equal(t, job.OutcomeCompleted, r.Run(ctx, period, byKafka).Outcome)
+	require.Equal(t, [4]*string{str("subscription-service"), nil, str("req-kafka"), str("kafka")}, row())
+}
+
 func TestStatusNotFound(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -14,20 +14,31 @@ package billrun
 // (Redis fences rise per key, also across restarts and failovers), so a
 // stale holder cannot take the run from the newer one.
 //
-// $1 period, $2 owner, $3 lock fence.
+// The claim also records who asked (the trigger's requested_by, principal,
+// request id and source; empty values are NULL), so the row names the
+// requester of the run that holds or last held it.
+//
+// $1 period, $2 owner, $3 lock fence, $4 requested_by, $5 principal,
+// $6 request_id, $7 trigger source.
 const sqlClaim = `
-insert into bill_runs as r (period, status, owner, fence, lock_fence, attempts, started_at, updated_at)
-values ($1, 'RUNNING', $2, 1, $3, 1, clock_timestamp(), clock_timestamp())
+insert into bill_runs as r (period, status, owner, fence, lock_fence, attempts, started_at, updated_at,
+                            requested_by, principal, request_id, trigger_source)
+values ($1, 'RUNNING', $2, 1, $3, 1, clock_timestamp(), clock_timestamp(),
+        nullif($4, ''), nullif($5, ''), nullif($6, ''), nullif($7, ''))
 on conflict (period) do update
-set status      = 'RUNNING',
-    owner       = excluded.owner,
-    fence       = r.fence + 1,
-    lock_fence  = excluded.lock_fence,
-    attempts    = r.attempts + 1,
-    started_at  = clock_timestamp(),
-    finished_at = null,
-    last_error  = null,
-    updated_at  = clock_timestamp()
+set status         = 'RUNNING',
+    owner          = excluded.owner,
+    fence          = r.fence + 1,
+    lock_fence     = excluded.lock_fence,
+    attempts       = r.attempts + 1,
+    started_at     = clock_timestamp(),
+    finished_at    = null,
+    last_error     = null,
+    updated_at     = clock_timestamp(),
+    requested_by   = excluded.requested_by,
+    principal      = excluded.principal,
+    request_id     = excluded.request_id,
+    trigger_source = excluded.trigger_source
 where r.status <> 'COMPLETED'
   and (r.lock_fence is null or r.lock_fence <= excluded.lock_fence)
 returning r.fence`
@@ -38,6 +49,7 @@ returning r.fence`
 const sqlStatus = `
 select r.period, r.status, coalesce(r.owner, ''), r.fence, r.lock_fence, r.attempts,
        r.started_at, r.finished_at, r.updated_at, coalesce(r.last_error, ''),
+       coalesce(r.requested_by, ''), coalesce(r.principal, ''), coalesce(r.request_id, ''), coalesce(r.trigger_source, ''),
        t.batches, t.subscribers, t.created, t.already,
        r.batches_total, t.fence_batches, t.fence_subscribers,
        coalesce(extract(epoch from coalesce(r.finished_at, clock_timestamp()) - r.started_at), 0)::float8

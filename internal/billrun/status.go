@@ -38,6 +38,13 @@ type Status struct {
 	FinishedAt *time.Time       `json:"finished_at,omitempty"`
 	UpdatedAt  time.Time        `json:"updated_at"`
 	LastError  string           `json:"last_error,omitempty"`
+	// RequestedBy, Principal, RequestID and Trigger are the latest claim's
+	// trigger: who asked, which admin token (HTTP), its request id and
+	// source.
+	RequestedBy string `json:"requested_by,omitempty"`
+	Principal   string `json:"principal,omitempty"`
+	RequestID   string `json:"request_id,omitempty"`
+	Trigger     string `json:"trigger,omitempty"`
 	// Progress is how far the period's bill run has come.
 	Progress Progress `json:"progress"`
 }
@@ -97,7 +104,8 @@ func ReadStatus(ctx context.Context, pool *pgxpool.Pool, p Period) (Status, erro
 		elapsed                         float64
 	)
 	err := pool.QueryRow(ctx, sqlStatus, p.String()).Scan(&s.Period, &s.Status, &s.Owner, &s.Fence, &lockFence,
-		&s.Attempts, &s.StartedAt, &s.FinishedAt, &s.UpdatedAt, &s.LastError, &batches, &subs, &created, &already,
+		&s.Attempts, &s.StartedAt, &s.FinishedAt, &s.UpdatedAt, &s.LastError,
+		&s.RequestedBy, &s.Principal, &s.RequestID, &s.Trigger, &batches, &subs, &created, &already,
 		&total, &fenceBatches, &fenceRows, &elapsed)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Status{}, fmt.Errorf("%w %s", ErrNotFound, p)

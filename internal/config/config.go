@@ -17,6 +17,7 @@ import (
 
 	"github.com/robfig/cron/v3"
 
+	"github.com/telco-platform/coordinator/internal/adminauth"
 	"github.com/telco-platform/coordinator/internal/ownership/redislock"
 	"github.com/telco-platform/coordinator/internal/redact"
 	"github.com/telco-platform/coordinator/internal/tlsfiles"
@@ -88,6 +89,16 @@ type Config struct {
 	// AdminToken guards /v1/*; empty means /v1/* answers 403. At least
 	// MinAdminTokenBytes long. Also from COORDINATOR_ADMIN_TOKEN_FILE.
 	AdminToken string
+	// AdminTokens are further named tokens with their scopes, from
+	// COORDINATOR_ADMIN_TOKENS_FILE (name:scopes:token lines). Default none.
+	AdminTokens []adminauth.Token
+	// MaxRunsInFlight is how many runs (from any trigger) this replica may
+	// have in flight before POST /v1/* answers 429. Default 8.
+	MaxRunsInFlight int
+	// HealthCheckInterval is how often the dependencies (Redis, Postgres,
+	// Kafka) are checked in the background for /v1/health and
+	// coordinator_dependency_up. Default 10s.
+	HealthCheckInterval time.Duration
 
 	// ReaperSchedule is a robfig/cron spec (seconds field optional). Default "@every 30s"; empty disables.
 	ReaperSchedule string
@@ -147,7 +158,7 @@ const (
 
 // MinAdminTokenBytes is the shortest admin token accepted (256 bits of hex
 // or base64 is longer; a guessable word is shorter).
-const MinAdminTokenBytes = 32
+const MinAdminTokenBytes = adminauth.MinTokenBytes
 
 // maxSecretFileBytes bounds what a *_FILE variable may point at.
 const maxSecretFileBytes = 64 << 10
@@ -277,6 +288,25 @@ func settings() []setting {
 		{env: "COORDINATOR_ADMIN_TOKEN", flag: "admin-token", usage: "bearer token for /v1/*, at least 32 bytes (unset = 403); refused as a flag", def: lit(""),
 			apply: func(c *Config, v string) error { c.AdminToken = v; return checkAdminToken(v) }, secret: secretOpaque,
 			file: "COORDINATOR_ADMIN_TOKEN_FILE", cmdline: refuseOnCommandLine("COORDINATOR_ADMIN_TOKEN")},
+		{env: "COORDINATOR_ADMIN_TOKENS_FILE", flag: "admin-tokens-file", usage: "file of name:scopes:token lines: named admin tokens with read and/or mutate scopes", def: lit(""),
+			apply: func(c *Config, v string) error {
+				if v == "" {
+					return nil
+				}
+				content, err := readSecretFile(v)
+				if err != nil {
+					return err
+				}
+				c.AdminTokens, err = adminauth.ParseFile(content)
+				return err
+			}},
+		{env: "COORDINATOR_MAX_RUNS_IN_FLIGHT", flag: "max-runs-in-flight", usage: "runs in flight on this replica (any trigger) at which POST /v1/* answers 429", def: lit("8"),
+			apply: func(c *Config, v string) (err error) { c.MaxRunsInFlight, err = positiveInt(v, 1024); return err }},
+		{env: "COORDINATOR_HEALTH_CHECK_INTERVAL", flag: "health-check-interval", usage: "how often the dependencies are checked in the background (/v1/health)", def: lit("10s"),
+			apply: func(c *Config, v string) (err error) {
+				c.HealthCheckInterval, err = duration(v, 100*time.Millisecond)
+				return err
+			}},
 		{env: "COORDINATOR_REAPER_SCHEDULE", flag: "reaper-schedule", usage: "robfig/cron spec of the MSISDN reaper; empty disables", def: lit("@every 30s"),
 			apply: func(c *Config, v string) error { c.ReaperSchedule = v; return checkSchedule(v) }},
 		{env: "COORDINATOR_REAPER_LEASE", flag: "reaper-lease", usage: "explicit lease of one sweep", def: lit("20s"),
@@ -381,6 +411,7 @@ var flagTypes = map[string]string{
 	"kafka-tls": "bool", "kafka-tls-ca-file": "path", "kafka-tls-cert-file": "path", "kafka-tls-key-file": "path",
 	"kafka-sasl-mechanism": "mechanism", "lock-redis-tls-ca-file": "path", "lock-redis-tls-cert-file": "path",
 	"lock-redis-tls-key-file": "path", "lock-redis-password-file": "path", "admin-token": "token",
+	"admin-tokens-file": "path", "max-runs-in-flight": "int", "health-check-interval": "duration",
 	"kafka-sasl-password": "password",
 }
 
@@ -491,7 +522,22 @@ func (c Config) validate() error {
 	if err := c.validateRedis(); err != nil {
 		return err
 	}
+	if err := adminauth.Check(c.AdminTokenSet()); err != nil {
+		return &Error{Variable: "COORDINATOR_ADMIN_TOKENS_FILE", Flag: "admin-tokens-file", Value: "",
+			Err: fmt.Errorf("%w (COORDINATOR_ADMIN_TOKEN is the token named %q)", err, adminauth.SingleTokenName)}
+	}
 	return c.validateKafka()
+}
+
+// AdminTokenSet is every admin token: COORDINATOR_ADMIN_TOKEN (named
+// "admin", every scope) and those of COORDINATOR_ADMIN_TOKENS_FILE. Empty:
+// the admin API is disabled (/v1/* answers 403).
+func (c Config) AdminTokenSet() []adminauth.Token {
+	var out []adminauth.Token
+	if c.AdminToken != "" {
+		out = append(out, adminauth.Token{Name: adminauth.SingleTokenName, Scopes: adminauth.All, Secret: c.AdminToken})
+	}
+	return append(out, c.AdminTokens...)
 }
 
 func (c Config) validateRedis() error {
@@ -687,8 +733,8 @@ func checkRedisURL(v string) error {
 }
 
 func checkAdminToken(v string) error {
-	if v != "" && len(v) < MinAdminTokenBytes {
-		return fmt.Errorf("must be at least %d bytes, it has %d (generate one: openssl rand -hex 32)", MinAdminTokenBytes, len(v))
+	if v != "" {
+		return adminauth.CheckSecret(v)
 	}
 	return nil
 }

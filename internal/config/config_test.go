@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/telco-platform/coordinator/internal/adminauth"
 	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/testenv"
 )
@@ -181,6 +182,73 @@ func TestAdminTokenLength(t *testing.T) {
 	c, _, err := config.Load("serve", nil, env(map[string]string{"COORDINATOR_ADMIN_TOKEN": strings.Repeat("x", config.MinAdminTokenBytes)}))
 	require.NoError(t, err)
 	require.Len(t, c.AdminToken, config.MinAdminTokenBytes)
+}
+
+func TestAdminTokensFile(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte(content), 0o600))
+		return p
+	}
+	single, ops, grafana := strings.Repeat("s", 40), strings.Repeat("o", 40), strings.Repeat("g", 40)
+	file := write("tokens", "# name:scopes:token\nbilling-ops:read,mutate:"+ops+"\ngrafana:read:"+grafana+"\n")
+	c, _, err := config.Load("serve", nil, env(map[string]string{"COORDINATOR_ADMIN_TOKEN": single, "COORDINATOR_ADMIN_TOKENS_FILE": file}))
+	require.NoError(t, err)
+	require.Equal(t, []adminauth.Token{
+		{Name: "admin", Scopes: adminauth.All, Secret: single},
+		{Name: "billing-ops", Scopes: adminauth.All, Secret: ops},
+		{Name: "grafana", Scopes: adminauth.Read, Secret: grafana},
+	}, c.AdminTokenSet())
+
+	c, _, err = config.Load("serve", []string{"--admin-tokens-file", file}, env(nil))
+	require.NoError(t, err)
+	require.Len(t, c.AdminTokenSet(), 2, "the file alone, without COORDINATOR_ADMIN_TOKEN")
+
+	for _, tc := range []struct {
+		name    string
+		env     map[string]string
+		want    string
+		secrets []string
+	}{
+		{"short token", map[string]string{"COORDINATOR_ADMIN_TOKENS_FILE": write("short", "ci:mutate:CHANGE-ME\n")},
+			"line 1 (ci): the token must be at least 32 bytes", []string{"CHANGE-ME"}},
+		{"bad scope", map[string]string{"COORDINATOR_ADMIN_TOKENS_FILE": write("scope", "\nci:write:"+ops)},
+			"line 2 (ci): unknown scope", []string{ops}},
+		{"empty", map[string]string{"COORDINATOR_ADMIN_TOKENS_FILE": write("empty", "")}, "empty", nil},
+		{"name admin taken", map[string]string{"COORDINATOR_ADMIN_TOKEN": single, "COORDINATOR_ADMIN_TOKENS_FILE": write("admin", "admin:read:"+ops)},
+			`two tokens are named "admin"`, []string{single, ops}},
+		{"same token twice", map[string]string{"COORDINATOR_ADMIN_TOKEN": single, "COORDINATOR_ADMIN_TOKENS_FILE": write("dup", "ro:read:"+single)},
+			`tokens "admin" and "ro" are the same token`, []string{single}},
+	} {
+		_, _, err := config.Load("serve", nil, env(tc.env))
+		var cerr *config.Error
+		require.True(t, errors.As(err, &cerr), "%s: %v", tc.name, err)
+		require.Equal(t, "COORDINATOR_ADMIN_TOKENS_FILE", cerr.Variable, tc.name)
+		require.ErrorContains(t, err, tc.want, tc.name)
+		for _, s := range tc.secrets {
+			require.NotContains(t, err.Error(), s, tc.name)
+		}
+	}
+}
+
+func TestRunCapAndHealthInterval(t *testing.T) {
+	t.Parallel()
+	c, _, err := config.Load("serve", nil, env(nil))
+	require.NoError(t, err)
+	require.Equal(t, 8, c.MaxRunsInFlight)
+	require.Equal(t, 10*time.Second, c.HealthCheckInterval)
+	c, _, err = config.Load("serve", []string{"--max-runs-in-flight=2", "--health-check-interval=500ms"}, env(nil))
+	require.NoError(t, err)
+	require.Equal(t, 2, c.MaxRunsInFlight)
+	require.Equal(t, 500*time.Millisecond, c.HealthCheckInterval)
+	for v, bad := range map[string]string{"COORDINATOR_MAX_RUNS_IN_FLIGHT": "0", "COORDINATOR_HEALTH_CHECK_INTERVAL": "1ms"} {
+		_, _, err := config.Load("serve", nil, env(map[string]string{v: bad}))
+		var cerr *config.Error
+		require.True(t, errors.As(err, &cerr), "%s: %v", v, err)
+		require.Equal(t, v, cerr.Variable)
+	}
 }
 
 func TestSecretsRefusedOnTheCommandLine(t *testing.T) {

@@ -121,7 +121,9 @@ func TestReplicaAdminSurface(t *testing.T) {
 
 	code, body := r.get(t, "", "/readyz")
 	require.Equal(t, http.StatusOK, code, string(body))
-	require.Contains(t, string(body), `"redis":"ok"`)
+	code, body = r.get(t, d.token, "/v1/health")
+	require.Equal(t, http.StatusOK, code, string(body))
+	require.Contains(t, string(body), `"name":"redis","checked":true,"ok":true`)
 
 	// The cron bill run bills the previous month, then finds it done.
 	done := d.events.waitFor(t, 20*time.Second, 1, "run.completed", ofType("run.completed", "billrun:"+prev))
@@ -175,9 +177,11 @@ func TestReplicaAdminSurface(t *testing.T) {
 	require.Equal(t, 0, r.terminate(t, 20*time.Second))
 }
 
-// With topic creation off, a replica whose topics do not exist starts but
-// is not ready, and /readyz names every missing topic.
-func TestReadinessNamesMissingTopics(t *testing.T) {
+// With topic creation off, a replica whose topics do not exist starts; it
+// stays ready (the topics are every replica's, like the brokers), and
+// /v1/health and coordinator_dependency_up{dependency="kafka"} name every
+// missing topic.
+func TestHealthNamesMissingTopics(t *testing.T) {
 	t.Parallel()
 	d := newDeployment(t, "")
 	prefix := d.topicPfx + "-absent"
@@ -186,20 +190,23 @@ func TestReadinessNamesMissingTopics(t *testing.T) {
 		"COORDINATOR_KAFKA_TOPIC_PREFIX":  prefix,
 	}, "--reaper-schedule=")
 	code, body := r.get(t, "", "/readyz")
-	require.Equal(t, http.StatusServiceUnavailable, code, string(body))
-	var p struct {
-		Code   string
-		Detail string
-		Checks map[string]string
-	}
-	require.NoError(t, json.Unmarshal(body, &p))
-	require.Equal(t, "NOT_READY", p.Code)
-	require.Equal(t, "ok", p.Checks["postgres"])
-	require.Equal(t, "ok", p.Checks["redis"])
+	require.Equal(t, http.StatusOK, code, string(body))
+	h := r.health(t, d.token) // the first round of checks ran before the start line
+	pgOK, _, _ := h.dep("postgres")
+	redisOK, _, _ := h.dep("redis")
+	kafkaOK, checked, detail := h.dep("kafka")
+	require.True(t, pgOK)
+	require.True(t, redisOK)
+	require.True(t, checked)
+	require.False(t, kafkaOK)
+	require.Equal(t, "degraded", h.Status)
 	reg, err := kinds.Registry()
 	require.NoError(t, err)
 	for _, topic := range topics.New(prefix, reg.Topics()...).All() {
-		require.Contains(t, p.Detail, topic, fmt.Sprintf("readiness names %s", topic))
+		require.Contains(t, detail, topic, fmt.Sprintf("/v1/health names %s", topic))
 	}
+	code, body = r.get(t, "", "/metrics")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, string(body), `coordinator_dependency_up{dependency="kafka"} 0`)
 	require.Equal(t, 0, r.terminate(t, 20*time.Second))
 }

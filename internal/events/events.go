@@ -46,9 +46,13 @@ type Event struct {
 	Replica   string
 	Trigger   string
 	RequestID string
-	Fence     int64
-	Owner     string
-	Extra     map[string]any
+	// RequestedBy and Principal say who asked (job.Trigger); omitted when
+	// empty.
+	RequestedBy string
+	Principal   string
+	Fence       int64
+	Owner       string
+	Extra       map[string]any
 	// TraceParent and TraceState are the W3C trace context of the run the
 	// event reports (CloudEvents distributed-tracing extension); empty when
 	// the run has none (tracing off and a trigger without traceparent).
@@ -101,6 +105,12 @@ func (e Event) Cloud() CloudEvent {
 	}
 	if e.Owner != "" {
 		data["owner"] = e.Owner
+	}
+	if e.RequestedBy != "" {
+		data["requested_by"] = e.RequestedBy
+	}
+	if e.Principal != "" {
+		data["principal"] = e.Principal
 	}
 	return CloudEvent{
 		SpecVersion: "1.0", ID: e.ID, Source: Source, Type: e.Type, Subject: e.Key,

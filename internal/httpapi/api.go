@@ -1,16 +1,34 @@
-// Package httpapi is the coordinator's admin HTTP API: health and readiness,
-// Prometheus metrics, list held locks, and for every registered kind of
-// owned run with an HTTP path (owned.Spec.HTTPPath): POST to start a run,
-// and GET {path}/{id} for a kind with run ids (owned.StatusKind).
+// Package httpapi is the coordinator's admin HTTP API: liveness, readiness,
+// dependency health, Prometheus metrics, list held locks, and for every
+// registered kind of owned run with an HTTP path (owned.Spec.HTTPPath):
+// POST to start a run, and GET {path}/{id} for a kind with run ids
+// (owned.StatusKind).
+//
+// Three questions, three endpoints, none of which does I/O per request:
+//
+//	GET /healthz    is the process alive?         200 always (liveness)
+//	GET /readyz     may it be sent work?           503 while starting, with
+//	                                               migrations pending, or
+//	                                               shutting down (readiness)
+//	GET /v1/health  how are its dependencies?      authenticated, the latest
+//	                                               background checks with detail
+//
+// Readiness leaves out the shared dependencies on purpose: when Redis is
+// down it is down for every replica, and failing readiness would empty the
+// Service and take the admin API away exactly when operators need it.
+// /readyz names failing conditions only, never hosts, users or errors.
 //
 // Errors are RFC 9457 problem documents (application/problem+json) with the
 // ADR-024 members code, reason, lockKey and owner where they apply. /v1/*
-// needs `Authorization: Bearer <COORDINATOR_ADMIN_TOKEN>`, compared in
-// constant time; with no token configured /v1/* answers 403.
+// needs `Authorization: Bearer <token>` with one of the admin tokens
+// (internal/adminauth): GET needs the read scope, POST the mutate scope.
+// With no token configured /v1/* answers 403. Every refusal is logged at
+// warn (never the token) and counted.
 //
 // Status codes of a POST: 200 completed or already completed, 409 already
-// owned (owner named), 503 lock backend unavailable, ownership lost mid-run
-// or shutting down, 400 bad input, 401/403 auth, 500 the run failed. A kind
+// owned (owner named), 429 the replica's cap on runs in flight is reached
+// (Retry-After), 503 lock backend unavailable, ownership lost mid-run or
+// shutting down, 400 bad input, 401/403 auth, 500 the run failed. A kind
 // with HTTPAsync (bill runs) answers 202 as soon as the run is owned and
 // claimed; Location names the status URL. The others wait for the outcome,
 // bounded by SyncTimeout.
@@ -18,15 +36,15 @@ package httpapi
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"mime"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,14 +52,17 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/telco-platform/coordinator/internal/adminauth"
 	"github.com/telco-platform/coordinator/internal/events"
+	"github.com/telco-platform/coordinator/internal/health"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
 	"github.com/telco-platform/coordinator/internal/ownership"
 )
 
 // Dispatcher is the part of trigger.Dispatcher the API drives. Its errors
-// mean the work was refused (the replica is shutting down).
+// mean the work was refused: job.ErrAtCapacity (the cap on runs in flight),
+// or the replica is shutting down.
 type Dispatcher interface {
 	// Run runs one owned run to its end.
 	Run(ctx context.Context, k owned.Kind, p owned.Params, t job.Trigger) (job.Result, error)
@@ -56,29 +77,26 @@ type Dispatcher interface {
 	Status(ctx context.Context, k owned.Kind, id string) (any, error)
 }
 
-// Check is one readiness dependency. Check returns nil when the dependency
-// is usable; its error text is shown in /readyz.
-type Check struct {
-	Name  string
-	Check func(ctx context.Context) error
+// Health reports the dependencies (health.Monitor): the latest background
+// check of each.
+type Health interface {
+	Snapshot() []health.Result
 }
 
 // Config wires the API. Dispatcher is required.
 type Config struct {
 	// Replica is this replica's id (shown in /healthz and /readyz).
 	Replica string
-	// Token guards /v1/*. Empty: /v1/* answers 403.
-	Token string
+	// Tokens guard /v1/*, each with its scopes. None: /v1/* answers 403.
+	Tokens []adminauth.Token
 	// Kinds are the kinds of owned run with routes. Required.
 	Kinds *owned.Registry
 	// Dispatcher runs them. Required.
 	Dispatcher Dispatcher
 	// Locks answers GET /v1/locks. Nil: an empty list.
 	Locks ownership.Inspector
-	// Checks are run by /readyz, concurrently, each bounded by CheckTimeout.
-	Checks []Check
-	// CheckTimeout bounds one readiness check. Default 2s.
-	CheckTimeout time.Duration
+	// Health answers GET /v1/health. Nil: no dependencies are reported.
+	Health Health
 	// Metrics serves GET /metrics (promhttp.HandlerFor). Nil: 404.
 	Metrics http.Handler
 	// MaxBodyBytes bounds a request body. Default 64 KiB.
@@ -88,21 +106,32 @@ type Config struct {
 	SyncTimeout time.Duration
 	// Log receives one line per request (debug) and per failure (warn).
 	Log *slog.Logger
-	// Registerer gets coordinator_http_requests_total and
-	// coordinator_http_request_duration_seconds. Nil: not registered.
+	// Registerer gets coordinator_http_requests_total,
+	// coordinator_http_request_duration_seconds and
+	// coordinator_http_auth_failures_total. Nil: not registered.
 	Registerer prometheus.Registerer
 }
+
+// RetryAfterAtCapacity is the Retry-After of a 429 (seconds): runs take
+// minutes, so sooner would only be refused again.
+const RetryAfterAtCapacity = 10
 
 // API is the admin HTTP handler.
 type API struct {
 	cfg      Config
-	token    [32]byte
+	tokens   *adminauth.Set
 	log      *slog.Logger
 	mux      *http.ServeMux
 	draining atomic.Bool
 
-	requests *prometheus.CounterVec
-	duration *prometheus.HistogramVec
+	// notReady are the readiness conditions failing now: name -> a fixed
+	// reason of ours (never an error text).
+	readyMu  sync.Mutex
+	notReady map[string]string
+
+	requests     *prometheus.CounterVec
+	duration     *prometheus.HistogramVec
+	authFailures *prometheus.CounterVec
 }
 
 // New builds the API; it validates cfg.
@@ -110,36 +139,37 @@ func New(cfg Config) (*API, error) {
 	if cfg.Dispatcher == nil || cfg.Kinds == nil {
 		return nil, errors.New("httpapi: Config.Dispatcher and Config.Kinds are required")
 	}
-	if cfg.CheckTimeout <= 0 {
-		cfg.CheckTimeout = 2 * time.Second
-	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	if cfg.SyncTimeout <= 0 {
 		cfg.SyncTimeout = 2 * time.Minute
 	}
-	for _, c := range cfg.Checks {
-		if c.Name == "" || c.Check == nil {
-			return nil, fmt.Errorf("httpapi: readiness check %q needs a name and a func", c.Name)
-		}
+	tokens, err := adminauth.NewSet(cfg.Tokens)
+	if err != nil {
+		return nil, fmt.Errorf("httpapi: %w", err)
 	}
-	a := &API{cfg: cfg, log: cfg.Log, mux: http.NewServeMux()}
+	a := &API{cfg: cfg, tokens: tokens, log: cfg.Log, mux: http.NewServeMux(), notReady: map[string]string{}}
 	if a.log == nil {
 		a.log = slog.New(slog.DiscardHandler)
 	}
-	a.token = sha256.Sum256([]byte(cfg.Token))
+	// Every label is from a fixed set: route is the mux pattern (never the
+	// path), method one of knownMethods or "other", code a status we wrote.
 	a.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "coordinator_http_requests_total",
-		Help: "Admin API requests by route, method and status code.",
+		Help: "Admin API requests by route pattern, method (other for unknown ones) and status code.",
 	}, []string{"route", "method", "code"})
+	a.authFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "coordinator_http_auth_failures_total",
+		Help: "Admin API requests refused by authentication or authorization, by reason.",
+	}, []string{"reason"})
 	a.duration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "coordinator_http_request_duration_seconds",
 		Help:    "Admin API request duration by route.",
 		Buckets: prometheus.DefBuckets,
 	}, []string{"route"})
 	if cfg.Registerer != nil {
-		for _, c := range []prometheus.Collector{a.requests, a.duration} {
+		for _, c := range []prometheus.Collector{a.requests, a.duration, a.authFailures} {
 			if err := cfg.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("httpapi: register metrics: %w", err)
 			}
@@ -151,7 +181,39 @@ func New(cfg Config) (*API, error) {
 
 // Drain makes the API refuse new work (POST /v1/* answers 503
 // SHUTTING_DOWN) and /readyz fail, while reads, health and metrics go on.
-func (a *API) Drain() { a.draining.Store(true) }
+func (a *API) Drain() {
+	a.draining.Store(true)
+	a.SetNotReady(ConditionShuttingDown, "this replica is shutting down")
+}
+
+// Readiness conditions the replica sets (the names /readyz shows).
+const (
+	ConditionStarting     = "starting"
+	ConditionMigrations   = "migrations"
+	ConditionShuttingDown = "shutting_down"
+)
+
+// SetNotReady makes /readyz fail naming condition, with reason: a fixed
+// text of the caller's, shown unauthenticated, so never an error's text.
+func (a *API) SetNotReady(condition, reason string) {
+	a.readyMu.Lock()
+	defer a.readyMu.Unlock()
+	a.notReady[condition] = reason
+}
+
+// SetReady clears condition.
+func (a *API) SetReady(condition string) {
+	a.readyMu.Lock()
+	defer a.readyMu.Unlock()
+	delete(a.notReady, condition)
+}
+
+// NotReady returns the failing readiness conditions.
+func (a *API) NotReady() map[string]string {
+	a.readyMu.Lock()
+	defer a.readyMu.Unlock()
+	return maps.Clone(a.notReady)
+}
 
 // Draining reports whether Drain was called.
 func (a *API) Draining() bool { return a.draining.Load() }
@@ -166,18 +228,19 @@ func (a *API) routes() {
 	if a.cfg.Metrics != nil {
 		m.Handle("GET /metrics", a.cfg.Metrics)
 	}
-	m.Handle("GET /v1/locks", a.auth(a.getLocks))
+	m.Handle("GET /v1/locks", a.auth(adminauth.Read, a.getLocks))
+	m.Handle("GET /v1/health", a.auth(adminauth.Read, a.getHealth))
 	// Other methods on known paths: 405 as a problem document.
-	allowed := map[string]string{"/healthz": "GET, HEAD", "/readyz": "GET, HEAD", "/v1/locks": "GET, HEAD"}
+	allowed := map[string]string{"/healthz": "GET, HEAD", "/readyz": "GET, HEAD", "/v1/locks": "GET, HEAD", "/v1/health": "GET, HEAD"}
 	for _, k := range a.cfg.Kinds.Kinds() {
 		path := k.Spec().HTTPPath
 		if path == "" {
 			continue
 		}
-		m.Handle("POST "+path, a.auth(a.postRun(k)))
+		m.Handle("POST "+path, a.auth(adminauth.Mutate, a.postRun(k)))
 		allowed[path] = "POST"
 		if _, ok := k.(owned.StatusKind); ok {
-			m.Handle("GET "+path+"/{id}", a.auth(a.getStatus(k)))
+			m.Handle("GET "+path+"/{id}", a.auth(adminauth.Read, a.getStatus(k)))
 			allowed[path+"/{id}"] = "GET, HEAD"
 		}
 	}
@@ -188,7 +251,7 @@ func (a *API) routes() {
 		m.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Allow", allow)
 			writeProblem(w, r, newProblem(http.StatusMethodNotAllowed, CodeMethodNotAllowed,
-				fmt.Sprintf("%s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, allow)), 0)
+				fmt.Sprintf("%s is not allowed on %s (allowed: %s)", methodLabel(r.Method), r.URL.Path, allow)), 0)
 		})
 	}
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -198,11 +261,33 @@ func (a *API) routes() {
 
 type ctxKey int
 
-const requestIDKey ctxKey = 0
+const (
+	requestIDKey ctxKey = iota
+	principalKey
+)
 
 func requestIDFrom(ctx context.Context) string {
 	id, _ := ctx.Value(requestIDKey).(string)
 	return id
+}
+
+// principalFrom is the caller auth let through ("" outside /v1/*).
+func principalFrom(ctx context.Context) string {
+	p, _ := ctx.Value(principalKey).(string)
+	return p
+}
+
+// knownMethods are the method label's values besides "other": a client
+// can send any token as a method, and each would be a new series.
+var knownMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+	http.MethodDelete, http.MethodOptions, http.MethodConnect, http.MethodTrace}
+
+// methodLabel maps a request method to a fixed set.
+func methodLabel(m string) string {
+	if slices.Contains(knownMethods, m) {
+		return m
+	}
+	return "other"
 }
 
 // statusRecorder remembers the status code a handler wrote.
@@ -248,102 +333,126 @@ func (a *API) instrument(next http.Handler) http.Handler {
 			route = "unmatched"
 		}
 		nameSpan(r, route)
-		a.requests.WithLabelValues(route, r.Method, fmt.Sprint(rec.status)).Inc()
+		method := methodLabel(r.Method)
+		a.requests.WithLabelValues(route, method, fmt.Sprint(rec.status)).Inc()
 		a.duration.WithLabelValues(route).Observe(time.Since(start).Seconds())
 		level := slog.LevelDebug
 		if rec.status >= 500 {
 			level = slog.LevelWarn
 		}
-		a.log.Log(r.Context(), level, "http_request", "method", r.Method, "route", route,
+		a.log.Log(r.Context(), level, "http_request", "method", method, "route", route,
 			"status", rec.status, "duration_ms", time.Since(start).Milliseconds(), "request_id", id)
 	})
 }
 
-// auth guards /v1/*: 403 with no token configured, 401 for a missing or
-// wrong bearer token. The comparison hashes both sides first so that it is
-// constant-time in the token's length as well as its content.
-func (a *API) auth(next http.HandlerFunc) http.Handler {
+// Reasons of coordinator_http_auth_failures_total and of the
+// http_auth_failed log line.
+const (
+	authDisabled     = "disabled"      // no admin token is configured
+	authMissingToken = "missing_token" // no Authorization: Bearer header
+	authInvalidToken = "invalid_token" // a token no admin token matches
+	authMissingScope = "missing_scope" // a valid token without the route's scope
+)
+
+// auth guards a /v1/* route that needs scope: 403 with no token configured
+// or for a token without the scope, 401 for a missing or unknown bearer
+// token. The lookup is constant-time (adminauth.Set). The caller's token
+// name goes into the request's context: runs record it as their principal.
+func (a *API) auth(scope adminauth.Scope, next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if a.cfg.Token == "" {
+		if a.tokens.Empty() {
+			a.authFailed(r, authDisabled, "")
 			writeProblem(w, r, newProblem(http.StatusForbidden, CodeForbidden,
-				"the admin API is disabled: COORDINATOR_ADMIN_TOKEN is not set"), 0)
+				"the admin API is disabled: neither COORDINATOR_ADMIN_TOKEN nor COORDINATOR_ADMIN_TOKENS_FILE is set"), 0)
 			return
 		}
 		const scheme = "bearer "
 		h := r.Header.Get("Authorization")
 		if len(h) < len(scheme) || !strings.EqualFold(h[:len(scheme)], scheme) {
+			a.authFailed(r, authMissingToken, "")
 			writeProblem(w, r, newProblem(http.StatusUnauthorized, CodeUnauthorized,
 				"missing bearer token (Authorization: Bearer <token>)"), 0)
 			return
 		}
-		got := sha256.Sum256([]byte(strings.TrimSpace(h[len(scheme):])))
-		if subtle.ConstantTimeCompare(got[:], a.token[:]) != 1 {
+		p, ok := a.tokens.Authenticate(strings.TrimSpace(h[len(scheme):]))
+		if !ok {
+			a.authFailed(r, authInvalidToken, "")
 			writeProblem(w, r, newProblem(http.StatusUnauthorized, CodeUnauthorized, "invalid bearer token"), 0)
 			return
 		}
-		next(w, r)
+		if !p.Scopes.Has(scope) {
+			a.authFailed(r, authMissingScope, p.Name)
+			writeProblem(w, r, newProblem(http.StatusForbidden, CodeForbidden,
+				fmt.Sprintf("the token %q has the scopes %s; %s %s needs %s", p.Name, p.Scopes, r.Method, r.Pattern, scope)), 0)
+			return
+		}
+		next(w, r.WithContext(context.WithValue(r.Context(), principalKey, p.Name)))
 	})
 }
 
+// authFailed logs and counts a refused request: never the token, nor any
+// header; the principal only when the token was valid.
+func (a *API) authFailed(r *http.Request, reason, principal string) {
+	a.authFailures.WithLabelValues(reason).Inc()
+	args := []any{"reason", reason, "method", methodLabel(r.Method), "route", r.Pattern,
+		"remote_addr", r.RemoteAddr, "request_id", requestIDFrom(r.Context())}
+	if principal != "" {
+		args = append(args, "principal", principal)
+	}
+	a.log.Warn("http_auth_failed", args...)
+}
+
+// healthz is liveness: the process answers. It checks nothing else.
 func (a *API) healthz(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "replica": a.cfg.Replica})
 }
 
-// readyz runs every check concurrently; 503 names each failing dependency.
+// readyz is readiness: 503 naming each failing condition (starting,
+// migrations, shutting_down) and nothing else. No I/O.
 func (a *API) readyz(w http.ResponseWriter, r *http.Request) {
-	results := make(map[string]string, len(a.cfg.Checks))
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for _, c := range a.cfg.Checks {
-		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(r.Context(), a.cfg.CheckTimeout)
-			defer cancel()
-			res := "ok"
-			if err := runCheck(ctx, c); err != nil {
-				res = err.Error()
-			}
-			mu.Lock()
-			results[c.Name] = res
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	var failing []string
-	for _, c := range a.cfg.Checks {
-		if results[c.Name] != "ok" {
-			failing = append(failing, c.Name+": "+results[c.Name])
-		}
-	}
-	if a.Draining() {
-		failing = append(failing, "replica: shutting down")
-		results["replica"] = "shutting down"
-	}
-	if len(failing) > 0 {
-		p := newProblem(http.StatusServiceUnavailable, CodeNotReady, "not ready: "+strings.Join(failing, "; "))
-		p.Checks = results
-		writeProblem(w, r, p, 0)
+	failing := a.NotReady()
+	if len(failing) == 0 {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready", "replica": a.cfg.Replica})
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "replica": a.cfg.Replica, "checks": results})
+	names := slices.Sorted(maps.Keys(failing))
+	p := newProblem(http.StatusServiceUnavailable, CodeNotReady, "not ready: "+strings.Join(names, ", "))
+	p.Checks = failing
+	writeProblem(w, r, p, 5)
 }
 
-// runCheck calls c.Check, turning a panic or an overrun into an error.
-func runCheck(ctx context.Context, c Check) (err error) {
-	done := make(chan error, 1)
-	go func() {
-		defer func() {
-			if p := recover(); p != nil {
-				done <- fmt.Errorf("check panicked: %v", p)
-			}
-		}()
-		done <- c.Check(ctx)
-	}()
-	select {
-	case err = <-done:
-		return err
-	case <-ctx.Done():
-		return fmt.Errorf("no answer within %s", context.Cause(ctx))
+// HealthReport is the body of GET /v1/health.
+type HealthReport struct {
+	// Status is "ok" when every dependency passed its latest check and the
+	// replica is ready, else "degraded".
+	Status  string `json:"status"`
+	Replica string `json:"replica"`
+	Ready   bool   `json:"ready"`
+	// NotReady are the failing readiness conditions (as in /readyz).
+	NotReady map[string]string `json:"not_ready,omitempty"`
+	// Dependencies are the latest background checks, with error detail.
+	Dependencies []health.Result `json:"dependencies"`
+}
+
+// getHealth reports readiness and the dependencies' latest checks, with
+// detail; authenticated, because the detail names hosts and ports. It
+// answers 200 whatever the state: the body says; alert on
+// coordinator_dependency_up.
+func (a *API) getHealth(w http.ResponseWriter, _ *http.Request) {
+	rep := HealthReport{Status: "ok", Replica: a.cfg.Replica, NotReady: a.NotReady(), Dependencies: []health.Result{}}
+	rep.Ready = len(rep.NotReady) == 0
+	if a.cfg.Health != nil {
+		rep.Dependencies = a.cfg.Health.Snapshot()
 	}
+	if !rep.Ready {
+		rep.Status = "degraded"
+	}
+	for _, d := range rep.Dependencies {
+		if !d.OK {
+			rep.Status = "degraded"
+		}
+	}
+	writeJSON(w, http.StatusOK, rep)
 }
 
 // readBody reads the body under the size limit. It writes the problem and
@@ -381,15 +490,17 @@ func (a *API) refuseWhileDraining(w http.ResponseWriter, r *http.Request) bool {
 }
 
 // trigger builds the job trigger of an HTTP request: the body's request_id
-// wins over X-Request-Id (already in the context).
+// wins over X-Request-Id (already in the context); the body's requested_by
+// over the token's name, which is always the principal.
 func trigger(r *http.Request, requestID, requestedBy string) job.Trigger {
 	if requestID == "" {
 		requestID = requestIDFrom(r.Context())
 	}
+	principal := principalFrom(r.Context())
 	if requestedBy == "" {
-		requestedBy = "http"
+		requestedBy = principal
 	}
-	return job.Trigger{Source: job.SourceHTTP, RequestID: requestID, RequestedBy: requestedBy}
+	return job.Trigger{Source: job.SourceHTTP, RequestID: requestID, RequestedBy: requestedBy, Principal: principal}
 }
 
 // Accepted is the body of a 202 answer.
@@ -428,7 +539,13 @@ func (a *API) postRun(k owned.Kind) http.HandlerFunc {
 			res, err = a.cfg.Dispatcher.Run(ctx, k, req.Params, t)
 			cancel()
 		}
+		var ce *job.CapacityError
 		switch {
+		case errors.As(err, &ce):
+			writeProblem(w, r, newProblem(http.StatusTooManyRequests, CodeTooManyRuns,
+				fmt.Sprintf("this replica has %d runs in flight, its cap (COORDINATOR_MAX_RUNS_IN_FLIGHT=%d); nothing was started: retry later or on another replica",
+					ce.InFlight, ce.Limit)), RetryAfterAtCapacity)
+			return
 		case err != nil && (a.Draining() || res.Outcome == job.OutcomeUnavailable):
 			// The dispatcher refused the work (it is shutting down).
 			writeProblem(w, r, newProblem(http.StatusServiceUnavailable, CodeShuttingDown,

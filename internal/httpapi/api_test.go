@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
@@ -19,7 +20,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/telco-platform/coordinator/internal/adminauth"
 	"github.com/telco-platform/coordinator/internal/billrun"
+	"github.com/telco-platform/coordinator/internal/health"
 	"github.com/telco-platform/coordinator/internal/httpapi"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/msisdnreaper"
@@ -29,7 +32,8 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-const token = "s3cret-token"
+// token is the test's admin token, named "ops", with every scope.
+const token = "s3cret-token-s3cret-token-s3cret-token"
 
 var periodRE = regexp.MustCompile(`^2[0-9]{3}-(0[1-9]|1[0-2])$`)
 
@@ -45,6 +49,8 @@ func testKinds(t testing.TB) *owned.Registry {
 // interface. Bill-run outcomes are chosen per period; it records the
 // triggers.
 type fakeDispatcher struct {
+	// atCapacity makes every call refused like the dispatcher at its cap.
+	atCapacity bool
 	mu         sync.Mutex
 	outcomes   map[string]job.Outcome
 	sweep      job.Outcome
@@ -57,6 +63,9 @@ func (f *fakeDispatcher) Start(_ context.Context, k owned.Kind, p owned.Params, 
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.triggers = append(f.triggers, t)
+	if f.atCapacity {
+		return job.Result{Outcome: job.OutcomeUnavailable}, false, &job.CapacityError{Limit: 2, InFlight: 2}
+	}
 	if f.err != nil {
 		return job.Result{Outcome: f.errOutcome}, false, f.err
 	}
@@ -84,6 +93,9 @@ func (f *fakeDispatcher) Run(_ context.Context, k owned.Kind, p owned.Params, t 
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.triggers = append(f.triggers, t)
+	if f.atCapacity {
+		return job.Result{Outcome: job.OutcomeUnavailable}, &job.CapacityError{Limit: 2, InFlight: 2}
+	}
 	if f.err != nil {
 		return job.Result{Outcome: f.errOutcome}, f.err
 	}
@@ -134,6 +146,39 @@ type bundle struct {
 	api  *httpapi.API
 	disp *fakeDispatcher
 	reg  *prometheus.Registry
+	logs *syncBuffer
+}
+
+// syncBuffer collects the API's JSON log lines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// Further test tokens with one scope each.
+const (
+	readToken   = "read-only-token-read-only-token-xx"
+	mutateToken = "mutate-only-token-mutate-only-token"
+)
+
+func testTokens() []adminauth.Token {
+	return []adminauth.Token{
+		{Name: "ops", Scopes: adminauth.All, Secret: token},
+		{Name: "grafana", Scopes: adminauth.Read, Secret: readToken},
+		{Name: "ci", Scopes: adminauth.Mutate, Secret: mutateToken},
+	}
 }
 
 func setup(t *testing.T, mod func(*httpapi.Config)) bundle {
@@ -145,9 +190,11 @@ func setup(t *testing.T, mod func(*httpapi.Config)) bundle {
 		"2026-04": job.OutcomeFailed,
 	}}
 	reg := prometheus.NewRegistry()
+	logs := &syncBuffer{}
 	cfg := httpapi.Config{
 		Replica:    "r1",
-		Token:      token,
+		Tokens:     testTokens(),
+		Log:        slog.New(slog.NewJSONHandler(logs, nil)),
 		Kinds:      testKinds(t),
 		Dispatcher: disp,
 		Locks:      fakeLocks{locks: []ownership.LockInfo{{Key: "billrun:2026-11", Owner: "r1", Fence: 4, Holds: 1, TTL: 30 * time.Second}}},
@@ -159,7 +206,7 @@ func setup(t *testing.T, mod func(*httpapi.Config)) bundle {
 	}
 	api, err := httpapi.New(cfg)
 	require.NoError(t, err)
-	return bundle{api: api, disp: disp, reg: reg}
+	return bundle{api: api, disp: disp, reg: reg, logs: logs}
 }
 
 type reply struct {
@@ -208,47 +255,62 @@ func TestHealthz(t *testing.T) {
 
 func TestReadyz(t *testing.T) {
 	t.Parallel()
-	ok := func(context.Context) error { return nil }
-	t.Run("all ok", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t, func(c *httpapi.Config) {
-			c.Checks = []httpapi.Check{{Name: "redis", Check: ok}, {Name: "postgres", Check: ok}}
-		})
-		r := b.do(t, "GET", "/readyz", "")
-		require.Equal(t, http.StatusOK, r.code)
-		require.JSONEq(t, `{"status":"ready","replica":"r1","checks":{"redis":"ok","postgres":"ok"}}`, string(r.body))
-	})
-	t.Run("names each failing dependency", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t, func(c *httpapi.Config) {
-			// The kafka check below waits for the bound; the others must beat
-			// it, by far, however busy the machine.
-			c.CheckTimeout = 2 * time.Second
-			c.Checks = []httpapi.Check{
-				{Name: "redis", Check: func(context.Context) error { return errors.New("dial 127.0.0.1:6379: refused") }},
-				{Name: "postgres", Check: ok},
-				{Name: "kafka", Check: func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }},
-				{Name: "panicky", Check: func(context.Context) error { panic("boom") }},
-			}
-		})
-		r := b.do(t, "GET", "/readyz", "")
-		require.Equal(t, http.StatusServiceUnavailable, r.code)
-		require.Equal(t, httpapi.CodeNotReady, r.problem.Code)
-		require.Contains(t, r.problem.Detail, "redis: dial 127.0.0.1:6379: refused")
-		require.Contains(t, r.problem.Detail, "kafka: ")
-		require.Contains(t, r.problem.Detail, "panicky: check panicked: boom")
-		require.NotContains(t, r.problem.Detail, "postgres")
-		require.Equal(t, "ok", r.problem.Checks["postgres"])
-		require.Contains(t, r.problem.Checks["kafka"], "deadline exceeded")
-	})
-	t.Run("draining", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t, func(c *httpapi.Config) { c.Checks = []httpapi.Check{{Name: "redis", Check: ok}} })
-		b.api.Drain()
-		r := b.do(t, "GET", "/readyz", "")
-		require.Equal(t, http.StatusServiceUnavailable, r.code)
-		require.Contains(t, r.problem.Detail, "shutting down")
-	})
+	b := setup(t, nil)
+	r := b.do(t, "GET", "/readyz", "", "Authorization", "")
+	require.Equal(t, http.StatusOK, r.code)
+	require.JSONEq(t, `{"status":"ready","replica":"r1"}`, string(r.body))
+
+	b.api.SetNotReady(httpapi.ConditionMigrations, "2 migrations pending: run `coordinator migrate up`")
+	b.api.SetNotReady(httpapi.ConditionStarting, "the replica is starting")
+	r = b.do(t, "GET", "/readyz", "", "Authorization", "")
+	require.Equal(t, http.StatusServiceUnavailable, r.code)
+	require.Equal(t, httpapi.CodeNotReady, r.problem.Code)
+	require.Equal(t, "not ready: migrations, starting", r.problem.Detail)
+	require.Equal(t, map[string]string{"migrations": "2 migrations pending: run `coordinator migrate up`",
+		"starting": "the replica is starting"}, r.problem.Checks)
+
+	b.api.SetReady(httpapi.ConditionStarting)
+	b.api.SetReady(httpapi.ConditionMigrations)
+	require.Equal(t, http.StatusOK, b.do(t, "GET", "/readyz", "").code)
+
+	b.api.Drain()
+	r = b.do(t, "GET", "/readyz", "")
+	require.Equal(t, http.StatusServiceUnavailable, r.code)
+	require.Equal(t, "not ready: shutting_down", r.problem.Detail)
+	require.Equal(t, http.StatusOK, b.do(t, "GET", "/healthz", "").code, "liveness is not readiness")
+}
+
+type fakeHealth []health.Result
+
+func (f fakeHealth) Snapshot() []health.Result { return f }
+
+// /v1/health gives the detail /readyz leaves out, to a token with the read
+// scope; readiness does not depend on it.
+func TestHealth(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 11, 3, 4, 5, 6, 0, time.UTC)
+	deps := fakeHealth{
+		{Name: "redis", Checked: true, OK: false, Error: "dial tcp 10.0.0.7:6380: connect: connection refused", CheckedAt: at, Since: at},
+		{Name: "postgres", Checked: true, OK: true, CheckedAt: at, Since: at, DurationMS: 2},
+	}
+	b := setup(t, func(c *httpapi.Config) { c.Health = deps })
+	require.Equal(t, http.StatusOK, b.do(t, "GET", "/readyz", "").code, "a dependency down does not make the replica unready")
+
+	r := b.do(t, "GET", "/v1/health", "", "Authorization", "Bearer "+readToken)
+	require.Equal(t, http.StatusOK, r.code, string(r.body))
+	var rep httpapi.HealthReport
+	require.NoError(t, json.Unmarshal(r.body, &rep))
+	require.Equal(t, "degraded", rep.Status)
+	require.True(t, rep.Ready)
+	require.Equal(t, []health.Result(deps), rep.Dependencies)
+
+	require.Equal(t, http.StatusUnauthorized, b.do(t, "GET", "/v1/health", "", "Authorization", "").code)
+	require.Equal(t, http.StatusForbidden, b.do(t, "GET", "/v1/health", "", "Authorization", "Bearer "+mutateToken).code)
+
+	ok := setup(t, func(c *httpapi.Config) { c.Health = fakeHealth{{Name: "redis", Checked: true, OK: true}} })
+	r = ok.do(t, "GET", "/v1/health", "")
+	require.NoError(t, json.Unmarshal(r.body, &rep))
+	require.Equal(t, "ok", rep.Status)
 }
 
 func TestAuth(t *testing.T) {
@@ -279,13 +341,13 @@ func TestAuth(t *testing.T) {
 		})
 	}
 	t.Run("every /v1 route is guarded", func(t *testing.T) {
-		for _, rt := range [][2]string{{"POST", "/v1/billruns"}, {"GET", "/v1/billruns/2026-11"}, {"POST", "/v1/msisdn-reaper/sweeps"}, {"GET", "/v1/locks"}} {
+		for _, rt := range [][2]string{{"POST", "/v1/billruns"}, {"GET", "/v1/billruns/2026-11"}, {"POST", "/v1/msisdn-reaper/sweeps"}, {"GET", "/v1/locks"}, {"GET", "/v1/health"}} {
 			r := b.do(t, rt[0], rt[1], "", "Authorization", "")
 			require.Equal(t, http.StatusUnauthorized, r.code, rt)
 		}
 	})
 	t.Run("no token configured is 403", func(t *testing.T) {
-		nb := setup(t, func(c *httpapi.Config) { c.Token = "" })
+		nb := setup(t, func(c *httpapi.Config) { c.Tokens = nil })
 		for _, auth := range []string{"", "Bearer ", "Bearer " + token} {
 			r := nb.do(t, "GET", "/v1/locks", "", "Authorization", auth)
 			require.Equal(t, http.StatusForbidden, r.code)
@@ -293,6 +355,60 @@ func TestAuth(t *testing.T) {
 			require.Contains(t, r.problem.Detail, "COORDINATOR_ADMIN_TOKEN")
 		}
 	})
+}
+
+// GET /v1/* needs the read scope, POST /v1/* the mutate scope; a refusal
+// is a warn log line that names the reason (and the token's name when it
+// was valid), never the token.
+func TestScopes(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	reads := [][2]string{{"GET", "/v1/locks"}, {"GET", "/v1/billruns/2026-11"}, {"GET", "/v1/health"}}
+	writes := [][3]string{{"POST", "/v1/billruns", `{"period":"2026-11"}`}, {"POST", "/v1/msisdn-reaper/sweeps", ""}}
+	for _, rt := range reads {
+		require.Equal(t, http.StatusOK, b.do(t, rt[0], rt[1], "", "Authorization", "Bearer "+readToken).code, rt)
+		r := b.do(t, rt[0], rt[1], "", "Authorization", "Bearer "+mutateToken)
+		require.Equal(t, http.StatusForbidden, r.code, rt)
+		require.Equal(t, httpapi.CodeForbidden, r.problem.Code)
+		require.Contains(t, r.problem.Detail, `the token "ci" has the scopes mutate`)
+	}
+	for _, rt := range writes {
+		r := b.do(t, rt[0], rt[1], rt[2], "Authorization", "Bearer "+readToken)
+		require.Equal(t, http.StatusForbidden, r.code, rt)
+		require.Contains(t, r.problem.Detail, "needs mutate")
+		require.Less(t, b.do(t, rt[0], rt[1], rt[2], "Authorization", "Bearer "+mutateToken).code, 300, rt)
+		require.Less(t, b.do(t, rt[0], rt[1], rt[2], "Authorization", "Bearer "+token).code, 300, rt)
+	}
+	for _, e := range b.disp.triggers {
+		require.NotEqual(t, "grafana", e.Principal, "a read token started nothing")
+	}
+	b.do(t, "GET", "/v1/locks", "", "Authorization", "Bearer wrong-token-that-is-long-enough-to-look-real")
+
+	logs := b.logs.String()
+	require.Contains(t, logs, `"level":"WARN","msg":"http_auth_failed","reason":"missing_scope","method":"POST","route":"POST /v1/billruns"`)
+	require.Contains(t, logs, `"principal":"grafana"`)
+	require.Contains(t, logs, `"msg":"http_auth_failed","reason":"invalid_token","method":"GET","route":"GET /v1/locks"`)
+	for _, secret := range []string{token, readToken, mutateToken, "wrong-token-that-is-long-enough"} {
+		require.NotContains(t, logs, secret, "no token in the log")
+	}
+	r := b.do(t, "GET", "/metrics", "")
+	require.Contains(t, string(r.body), `coordinator_http_auth_failures_total{reason="missing_scope"} 5`)
+	require.Contains(t, string(r.body), `coordinator_http_auth_failures_total{reason="invalid_token"} 1`)
+}
+
+// At the replica's cap on runs in flight, a POST is 429 with Retry-After.
+func TestAtCapacity(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.disp.atCapacity = true
+	for _, rt := range [][2]string{{"/v1/billruns", `{"period":"2026-11"}`}, {"/v1/msisdn-reaper/sweeps", ""}} {
+		r := b.do(t, "POST", rt[0], rt[1])
+		require.Equal(t, http.StatusTooManyRequests, r.code, string(r.body))
+		require.Equal(t, httpapi.CodeTooManyRuns, r.problem.Code)
+		require.Equal(t, fmt.Sprint(httpapi.RetryAfterAtCapacity), r.header.Get("Retry-After"))
+		require.Contains(t, r.problem.Detail, "2 runs in flight")
+		require.Contains(t, r.problem.Detail, "COORDINATOR_MAX_RUNS_IN_FLIGHT=2")
+	}
 }
 
 func TestPostBillRun(t *testing.T) {
@@ -313,7 +429,8 @@ func TestPostBillRun(t *testing.T) {
 		tr := b.disp.lastTrigger(t)
 		require.Equal(t, job.SourceHTTP, tr.Source)
 		require.Equal(t, r.header.Get("X-Request-Id"), tr.RequestID)
-		require.Equal(t, "http", tr.RequestedBy)
+		require.Equal(t, "ops", tr.RequestedBy, "without requested_by in the body, the token's name")
+		require.Equal(t, "ops", tr.Principal)
 	})
 	cases := []struct {
 		name, body string
@@ -388,7 +505,11 @@ func TestRequestID(t *testing.T) {
 
 	r = b.do(t, "POST", "/v1/billruns", `{"period":"2026-11","request_id":"body-id","requested_by":"ops"}`, "X-Request-Id", "req-123")
 	require.Equal(t, "req-123", r.header.Get("X-Request-Id"))
-	require.Equal(t, job.Trigger{Source: job.SourceHTTP, RequestID: "body-id", RequestedBy: "ops"}, b.disp.lastTrigger(t))
+	require.Equal(t, job.Trigger{Source: job.SourceHTTP, RequestID: "body-id", RequestedBy: "ops", Principal: "ops"}, b.disp.lastTrigger(t))
+	r = b.do(t, "POST", "/v1/billruns", `{"period":"2026-11","requested_by":"alice"}`, "Authorization", "Bearer "+mutateToken)
+	require.Equal(t, http.StatusAccepted, r.code)
+	require.Equal(t, "alice", b.disp.lastTrigger(t).RequestedBy, "the body's requested_by is recorded")
+	require.Equal(t, "ci", b.disp.lastTrigger(t).Principal, "and the token's name beside it, whatever the body says")
 
 	r = b.do(t, "POST", "/v1/billruns", `{"period":"2026-11"}`, "X-Request-Id", "bad id\x01")
 	got := r.header.Get("X-Request-Id")
@@ -521,14 +642,63 @@ func TestMetrics(t *testing.T) {
 	require.Contains(t, string(r.body), `coordinator_http_requests_total{code="409",method="POST",route="POST /v1/billruns"} 1`)
 }
 
+// Whatever method a client sends, the method label is one of a fixed set,
+// and the route is the pattern, never the path: on a real listener.
+func TestMetricLabelsAreBounded(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	srv := httptest.NewServer(b.api)
+	defer srv.Close()
+	send := func(method, path string) {
+		req, err := http.NewRequest(method, srv.URL+path, nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := srv.Client().Do(req)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		require.NoError(t, resp.Body.Close())
+	}
+	for i := range 40 {
+		send(fmt.Sprintf("GARBAGE%d", i), "/v1/locks")
+		send("GET", fmt.Sprintf("/v1/billruns/2026-%02d", i%12+1))
+		send("GET", fmt.Sprintf("/no/such/path/%d", i))
+	}
+	send("BREW", "/healthz")
+	mfs, err := b.reg.Gather()
+	require.NoError(t, err)
+	methods, routes := map[string]bool{}, map[string]bool{}
+	for _, mf := range mfs {
+		if mf.GetName() != "coordinator_http_requests_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "method":
+					methods[l.GetValue()] = true
+				case "route":
+					routes[l.GetValue()] = true
+				}
+			}
+		}
+	}
+	require.Equal(t, map[string]bool{"GET": true, "other": true}, methods)
+	require.Equal(t, map[string]bool{"/v1/locks": true, "GET /v1/billruns/{id}": true, "/": true, "/healthz": true}, routes)
+	r := b.do(t, "GET", "/metrics", "")
+	require.Contains(t, string(r.body), `coordinator_http_requests_total{code="405",method="other",route="/v1/locks"} 40`)
+	require.NotContains(t, string(r.body), "GARBAGE")
+}
+
 func TestNewValidates(t *testing.T) {
 	t.Parallel()
 	_, err := httpapi.New(httpapi.Config{})
 	require.ErrorContains(t, err, "Dispatcher")
 	_, err = httpapi.New(httpapi.Config{Dispatcher: &fakeDispatcher{}})
 	require.ErrorContains(t, err, "Kinds")
-	_, err = httpapi.New(httpapi.Config{Dispatcher: &fakeDispatcher{}, Kinds: testKinds(t), Checks: []httpapi.Check{{Name: "x"}}})
-	require.ErrorContains(t, err, `"x"`)
+	_, err = httpapi.New(httpapi.Config{Dispatcher: &fakeDispatcher{}, Kinds: testKinds(t),
+		Tokens: []adminauth.Token{{Name: "x", Scopes: adminauth.All, Secret: "CHANGE-ME"}}})
+	require.ErrorContains(t, err, "at least 32 bytes")
+	require.NotContains(t, err.Error(), "CHANGE-ME")
 }
 
 func TestServer(t *testing.T) {

@@ -18,6 +18,7 @@ const (
 	CodePayloadTooLarge       = "PAYLOAD_TOO_LARGE"
 	CodeUnsupportedMediaType  = "UNSUPPORTED_MEDIA_TYPE"
 	CodeShuttingDown          = "SHUTTING_DOWN"
+	CodeTooManyRuns           = "TOO_MANY_RUNS"
 	CodeNotReady              = "NOT_READY"
 	CodeOwnershipLost         = "OWNERSHIP_LOST"
 	CodeRunFailed             = "RUN_FAILED"
@@ -47,7 +48,7 @@ type Problem struct {
 	LockKey   string `json:"lockKey,omitempty"`
 	Owner     string `json:"owner,omitempty"`
 	RequestID string `json:"requestId,omitempty"`
-	// Checks is readiness's per-dependency detail (name -> "ok" or the failure).
+	// Checks are readiness's failing conditions (name -> a fixed reason).
 	Checks map[string]string `json:"checks,omitempty"`
 }
 
@@ -62,7 +63,7 @@ func newProblem(status int, code, detail string) Problem {
 }
 
 // writeProblem writes p with its status. retryAfter > 0 adds a Retry-After
-// header in seconds (503 answers: unavailable, shutting down).
+// header in seconds (429 at capacity; 503 unavailable, shutting down).
 func writeProblem(w http.ResponseWriter, r *http.Request, p Problem, retryAfter int) {
 	if p.Instance == "" && r != nil {
 		p.Instance = r.URL.Path

@@ -21,9 +21,15 @@ const (
 
 // Trigger identifies one request to run a job.
 type Trigger struct {
-	Source      Source `json:"trigger"`
-	RequestID   string `json:"request_id"`
+	Source    Source `json:"trigger"`
+	RequestID string `json:"request_id"`
+	// RequestedBy is who asked, as the trigger says: a Kafka record's or
+	// HTTP body's requested_by, else the admin token's name (HTTP), the
+	// replica (cron) or the OS user (CLI).
 	RequestedBy string `json:"requested_by,omitempty"`
+	// Principal is who was authenticated: the admin token's name for HTTP;
+	// empty where the coordinator authenticates nobody (Kafka, cron, CLI).
+	Principal string `json:"principal,omitempty"`
 }
 
 // Outcome is how an owned run ended.
@@ -85,6 +91,23 @@ type Result struct {
 	// DurationMS is the wall time of the run, lock wait included.
 	DurationMS int64 `json:"duration_ms"`
 }
+
+// ErrAtCapacity marks work refused because the replica already has as many
+// runs in flight as it admits (COORDINATOR_MAX_RUNS_IN_FLIGHT): nothing
+// ran; retry later or on another replica (HTTP 429).
+var ErrAtCapacity = errors.New("at capacity")
+
+// CapacityError is an ErrAtCapacity with the cap that was reached.
+type CapacityError struct {
+	// Limit is the cap, InFlight the runs in flight when the work came.
+	Limit, InFlight int
+}
+
+func (e *CapacityError) Error() string {
+	return fmt.Sprintf("at capacity: %d runs in flight, the cap is %d", e.InFlight, e.Limit)
+}
+
+func (e *CapacityError) Is(target error) bool { return target == ErrAtCapacity }
 
 // ErrBadInput marks input that is wrong no matter how often it is retried
 // (a malformed period, say). Triggers carrying it go to the dead-letter topic;

@@ -62,7 +62,9 @@
 // and the phases (acquire, Claim, Run, release), and hands each kind a *Run:
 // a resumer re-runs incomplete runs through Runner.Run with its own
 // job.Source and classifies outcomes where classify does; the requester
-// (job.Trigger.RequestedBy) reaches every event from Run.send.
+// and principal (job.Trigger.RequestedBy, Principal) reach every event from
+// Run.send, and a Claimer records them from Run.Trigger
+// (bill_runs.requested_by, principal).
 //
 // # Progress and tracing
 //

@@ -65,8 +65,8 @@ func (r *Run) Acquired() time.Time { return r.acquired }
 func (r *Run) Log() *slog.Logger { return r.log }
 
 // Emit sends one event of the kind's own (billrun.invoice_conflict, say)
-// with the run's key, job, replica, trigger, request id and fence, and
-// data.lock_fence. It still goes out after ctx is cancelled.
+// with the run's key, job, replica, trigger, request id, requester and
+// principal, and fence, and data.lock_fence. It still goes out after ctx is cancelled.
 func (r *Run) Emit(ctx context.Context, typ events.Type, data map[string]any) {
 	r.send(ctx, typ, r.fence, "", data)
 }
@@ -81,7 +81,8 @@ func (r *Run) send(ctx context.Context, typ events.Type, fence int64, owner stri
 	}
 	e := events.Event{
 		Type: typ, Key: r.key, Job: r.job, Replica: r.replica, Trigger: string(r.trigger.Source),
-		RequestID: r.trigger.RequestID, Fence: fence, Owner: owner, Extra: extra,
+		RequestID: r.trigger.RequestID, RequestedBy: r.trigger.RequestedBy, Principal: r.trigger.Principal,
+		Fence: fence, Owner: owner, Extra: extra,
 		TraceParent: r.traceparent, TraceState: r.tracestate,
 	}
 	if r.recording { // the event span names the id; otherwise the sinks give it one

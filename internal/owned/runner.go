@@ -146,8 +146,14 @@ func (r *Runner) Begin(ctx context.Context, k Kind, p Params, t job.Trigger) (*O
 	key := k.LockKey(p)
 	o := &Owned{r: r, worker: r.workers[spec.Name], params: p, start: time.Now(),
 		res: job.Result{Job: spec.Name, Key: key, Replica: r.replica, RequestID: t.RequestID}}
-	o.run = &Run{job: spec.Name, key: key, replica: r.replica, trigger: t, emit: r.emit,
-		log: r.log.With("job", spec.Name, "lock_key", key, "request_id", t.RequestID, "trigger", string(t.Source))}
+	log := r.log.With("job", spec.Name, "lock_key", key, "request_id", t.RequestID, "trigger", string(t.Source))
+	if t.RequestedBy != "" {
+		log = log.With("requested_by", t.RequestedBy)
+	}
+	if t.Principal != "" {
+		log = log.With("principal", t.Principal)
+	}
+	o.run = &Run{job: spec.Name, key: key, replica: r.replica, trigger: t, emit: r.emit, log: log}
 	o.run.startTrace(ctx, r.tracer)
 	switch {
 	case o.worker == nil:

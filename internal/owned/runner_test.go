@@ -50,7 +50,8 @@ func setupWith(t *testing.T, w *ownedtest.Widget, l ownership.Locker, mem *owner
 }
 
 func (b *bundle) run(ctx context.Context, n int) job.Result {
-	return b.runner.Run(ctx, b.kind, ownedtest.Params{N: n}, job.Trigger{Source: job.SourceCLI, RequestID: "req-1"})
+	return b.runner.Run(ctx, b.kind, ownedtest.Params{N: n}, job.Trigger{Source: job.SourceCLI, RequestID: "req-1",
+		RequestedBy: "alice", Principal: "ops-token"})
 }
 
 func (b *bundle) requireNoLocks(t *testing.T) {
@@ -162,6 +163,11 @@ func TestOutcomePerErrorEventsAndRelease(t *testing.T) {
 				require.Equal(t, "replica-a", e.Replica)
 				require.Equal(t, "cli", e.Trigger)
 				require.Equal(t, "req-1", e.RequestID)
+				// Who asked reaches every event of every kind, stamped by the template.
+				require.Equal(t, "alice", e.RequestedBy)
+				require.Equal(t, "ops-token", e.Principal)
+				require.Equal(t, "alice", e.Cloud().Data["requested_by"])
+				require.Equal(t, "ops-token", e.Cloud().Data["principal"])
 				require.Equal(t, res.Fence, e.Fence)
 				require.Equal(t, res.Fence, e.Extra["lock_fence"])
 			}
@@ -218,6 +224,8 @@ func TestAlreadyOwnedNamesTheOwnerAndRunsNothing(t *testing.T) {
 	require.Equal(t, "replica-b", ev.Replica)
 	require.Equal(t, ownership.CodeLockAcquisitionFailed, ev.Extra["code"])
 	require.Equal(t, "already_owned", ev.Extra["reason"])
+	require.Equal(t, "alice", ev.RequestedBy, "a refused request still names who asked")
+	require.Equal(t, "ops-token", ev.Principal)
 	require.Nil(t, held.Err(), "the owner's lock is untouched")
 }
 

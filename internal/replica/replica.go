@@ -12,6 +12,7 @@
 package replica
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -33,6 +34,7 @@ import (
 	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/eventsink"
+	"github.com/telco-platform/coordinator/internal/health"
 	"github.com/telco-platform/coordinator/internal/httpapi"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/kafkaconn"
@@ -116,6 +118,12 @@ type Replica struct {
 	began   bool
 	started []component
 
+	// migrationsMsg is non-empty when start-up found migrations pending (or
+	// could not tell); readiness fails until a re-check finds them applied.
+	migrationsMsg string
+	stopWatch     chan struct{}
+	watchDone     chan struct{}
+
 	reg      *prometheus.Registry
 	pool     *pgxpool.Pool
 	locker   ownership.Locker
@@ -125,6 +133,7 @@ type Replica struct {
 	runner   *owned.Runner
 	tm       *trigger.Metrics
 	disp     *trigger.Dispatcher
+	health   *health.Monitor
 	consumer *trigger.KafkaConsumer
 	cron     *trigger.Cron
 	api      *httpapi.API
@@ -199,12 +208,19 @@ func (r *Replica) components() []component {
 		}},
 		{"kafka_admin", r.startTopics, func(context.Context) { r.adm.Close() }},
 		{"kinds", r.startRunner, nil},
+		{"health", r.startHealth, func(context.Context) { r.health.Stop() }},
 		{"http", r.startHTTP, func(context.Context) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			if err := r.http.Stop(ctx); err != nil {
 				r.log.Warn("http_stop_error", "error", err)
 			}
+		}},
+		// Readiness waits for pending migrations: re-checked on the health
+		// interval until applied, then never again.
+		{"migrations_watch", r.startMigrationsWatch, func(context.Context) {
+			close(r.stopWatch)
+			<-r.watchDone
 		}},
 		// Stopped after the dispatcher: a running tick returns when its run
 		// did, and the dispatcher's bound ends every run.
@@ -216,9 +232,13 @@ func (r *Replica) components() []component {
 		// those in flight, which it then cancels; nothing unhandled is
 		// committed.
 		{"kafka_consumer", r.startConsumer, func(context.Context) { r.consumer.Stop() }},
-		// The last to start, the first to stop: POST /v1/* answers 503 and
-		// /readyz fails, while reads, health and metrics go on.
-		{"admission", func(context.Context) error { return nil }, func(context.Context) { r.api.Drain() }},
+		// The last to start, the first to stop: ready once everything
+		// runs; on stop POST /v1/* answers 503 and /readyz fails, while
+		// reads, health and metrics go on.
+		{"admission", func(context.Context) error {
+			r.api.SetReady(httpapi.ConditionStarting)
+			return nil
+		}, func(context.Context) { r.api.Drain() }},
 	}
 }
 
@@ -271,12 +291,13 @@ func (r *Replica) Stop() {
 		}
 	}
 	r.started = nil
-	r.pool, r.locker, r.sink, r.adm, r.runner, r.disp, r.consumer, r.cron, r.api, r.http = nil, nil, nil, nil, nil, nil, nil, nil, nil, nil
+	r.pool, r.locker, r.sink, r.adm, r.runner, r.disp, r.consumer, r.cron, r.api, r.http, r.health = nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil
 }
 
 // startPostgres opens the pool: batch workers, planners, reaper workers,
-// status reads. Pending migrations are logged; readiness fails until they
-// are applied.
+// status reads. Migrations are checked here, once (without goose's
+// migration lock): pending ones are logged, and readiness fails until they
+// are applied (startMigrationsWatch).
 func (r *Replica) startPostgres(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, StartupTimeout)
 	defer cancel()
@@ -287,11 +308,63 @@ func (r *Replica) startPostgres(ctx context.Context) error {
 	}
 	r.pool = pool
 	r.reg.MustRegister(telemetry.PgxPoolCollector(pool))
-	if pending, err := pendingMigrations(ctx, pool); err != nil {
-		r.log.Error("migrations_unknown", "error", err, "detail", "readiness fails until `coordinator migrate up` has run")
-	} else if pending > 0 {
-		r.log.Error("migrations_pending", "pending", pending, "detail", "run `coordinator migrate up`; readiness fails until then")
+	r.migrationsMsg = checkMigrations(ctx, pool, r.log, true)
+	return nil
+}
+
+// checkMigrations reads the schema version (no lock): "" when every
+// migration is applied, else what readiness shows (a fixed text, no error
+// detail). At start-up the finding is logged.
+func checkMigrations(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, atStart bool) string {
+	pending, err := pendingMigrations(ctx, pool)
+	switch {
+	case err != nil:
+		if atStart {
+			log.Error("migrations_unknown", "error", err, "detail", "readiness fails until the schema version reads as current")
+		}
+		return "the schema version could not be read"
+	case pending > 0:
+		if atStart {
+			log.Error("migrations_pending", "pending", pending, "detail", "run `coordinator migrate up`; readiness fails until then")
+		}
+		return fmt.Sprintf("%d migrations pending: run `coordinator migrate up`", pending)
 	}
+	return ""
+}
+
+// startMigrationsWatch holds readiness back while migrations were pending
+// at start, re-checking on the health interval until they are applied.
+func (r *Replica) startMigrationsWatch(ctx context.Context) error {
+	r.stopWatch, r.watchDone = make(chan struct{}), make(chan struct{})
+	if r.migrationsMsg == "" {
+		close(r.watchDone)
+		return nil
+	}
+	api, pool, log, stop, done := r.api, r.pool, r.log, r.stopWatch, r.watchDone
+	api.SetNotReady(httpapi.ConditionMigrations, r.migrationsMsg)
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	go func() {
+		defer close(done)
+		defer cancel()
+		t := time.NewTicker(cmp.Or(r.cfg.HealthCheckInterval, health.DefaultInterval))
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+			cctx, ccancel := context.WithTimeout(ctx, health.DefaultTimeout)
+			msg := checkMigrations(cctx, pool, log, false)
+			ccancel()
+			if msg == "" {
+				api.SetReady(httpapi.ConditionMigrations)
+				log.Info("migrations_applied", "detail", "the schema is current; readiness no longer waits for it")
+				return
+			}
+			api.SetNotReady(httpapi.ConditionMigrations, msg)
+		}
+	}()
 	return nil
 }
 
@@ -377,7 +450,23 @@ func (r *Replica) startRunner(context.Context) error {
 		return failed(job.ExitUsage, err)
 	}
 	r.runner, r.tm = runner, trigger.NewMetrics(r.reg)
-	r.disp = trigger.NewDispatcher(trigger.DispatcherConfig{Runner: runner, Log: r.log, Metrics: r.tm})
+	r.disp = trigger.NewDispatcher(trigger.DispatcherConfig{Runner: runner, Log: r.log, Metrics: r.tm,
+		MaxRunsInFlight: r.cfg.MaxRunsInFlight})
+	return nil
+}
+
+// startHealth checks the dependencies in the background (GET /v1/health,
+// coordinator_dependency_up). Nothing of it gates readiness.
+func (r *Replica) startHealth(ctx context.Context) error {
+	m, err := health.New(health.Config{Checks: r.dependencyChecks(), Interval: r.cfg.HealthCheckInterval,
+		Log: r.log, Registerer: r.reg})
+	if err != nil {
+		return err
+	}
+	if err := m.Start(ctx); err != nil {
+		return err
+	}
+	r.health = m
 	return nil
 }
 
@@ -387,14 +476,16 @@ func (r *Replica) startHTTP(ctx context.Context) error {
 		inspector = in
 	}
 	api, err := httpapi.New(httpapi.Config{
-		Replica: r.cfg.ReplicaID, Token: r.cfg.AdminToken, Kinds: r.rc.Kinds, Dispatcher: r.disp,
-		Locks: inspector, Checks: r.readinessChecks(),
+		Replica: r.cfg.ReplicaID, Tokens: r.cfg.AdminTokenSet(), Kinds: r.rc.Kinds, Dispatcher: r.disp,
+		Locks: inspector, Health: r.health,
 		Metrics: promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg}),
 		Log:     r.log, Registerer: r.reg,
 	})
 	if err != nil {
 		return err
 	}
+	// Not ready until the last component (admission) started.
+	api.SetNotReady(httpapi.ConditionStarting, "the replica is starting")
 	r.api = api
 	srv := httpapi.NewServer(r.cfg.HTTPAddr, r.rc.Telemetry.HTTPHandler(api), r.log)
 	if err := srv.Start(ctx); err != nil {
@@ -457,39 +548,37 @@ func (r *Replica) logStarted() {
 		"lock_key_prefix", cfg.LockKeyPrefix,
 		"lock_watchdog_timeout", cfg.LockWatchdogTimeout,
 		"schedules", strings.Join(schedules, "; "),
-		"admin_api", cfg.AdminToken != "",
+		"admin_api", len(cfg.AdminTokenSet()) > 0,
+		"admin_tokens", strings.Join(tokenNames(cfg), ","),
+		"max_runs_in_flight", cfg.MaxRunsInFlight,
 		"tracing", r.rc.Telemetry.Exporter(),
 		"progress_interval", cfg.ProgressInterval,
 	)
 }
 
-// readinessChecks name each dependency: redis (when the lock is on), postgres
-// with its migrations, and kafka with the deployment's topics.
-func (r *Replica) readinessChecks() []httpapi.Check {
-	var checks []httpapi.Check
+// tokenNames are the admin tokens' names and scopes (never the tokens).
+func tokenNames(cfg config.Config) []string {
+	var out []string
+	for _, t := range cfg.AdminTokenSet() {
+		out = append(out, t.String())
+	}
+	return out
+}
+
+// dependencyChecks name each dependency: redis (when the lock is on),
+// postgres, and kafka with the deployment's topics.
+func (r *Replica) dependencyChecks() []health.Check {
+	var checks []health.Check
 	if p, ok := r.locker.(interface{ Ping(context.Context) error }); ok && r.cfg.LockEnabled {
-		checks = append(checks, httpapi.Check{Name: "redis", Check: p.Ping})
+		checks = append(checks, health.Check{Name: "redis", Check: p.Ping})
 	}
 	pool, adm, names := r.pool, r.adm, r.names
-	checks = append(checks,
-		httpapi.Check{Name: "postgres", Check: func(ctx context.Context) error {
-			if err := pool.Ping(ctx); err != nil {
-				return err
-			}
-			n, err := pendingMigrations(ctx, pool)
-			if err != nil {
-				return err
-			}
-			if n > 0 {
-				return fmt.Errorf("%d migrations pending (run `coordinator migrate up`)", n)
-			}
-			return nil
-		}},
-		httpapi.Check{Name: "kafka", Check: func(ctx context.Context) error {
+	return append(checks,
+		health.Check{Name: "postgres", Check: pool.Ping},
+		health.Check{Name: "kafka", Check: func(ctx context.Context) error {
 			return topics.Check(ctx, adm, names)
 		}},
 	)
-	return checks
 }
 
 func pendingMigrations(ctx context.Context, pool *pgxpool.Pool) (int, error) {

@@ -26,6 +26,11 @@ type DispatcherConfig struct {
 	Log *slog.Logger
 	// Metrics may be nil.
 	Metrics *Metrics
+	// MaxRunsInFlight is the number of runs in flight (from any source) at
+	// which an HTTP trigger is refused with a *job.CapacityError (HTTP 429)
+	// instead of starting another run. Kafka and cron triggers are never
+	// refused: the partitions and schedules bound them. 0: no cap.
+	MaxRunsInFlight int
 }
 
 // Dispatcher turns triggers from every source (Kafka, cron, HTTP) into owned
@@ -35,15 +40,17 @@ type DispatcherConfig struct {
 // releases its lock and ends lost, so its trigger is redelivered and
 // resumed elsewhere.
 type Dispatcher struct {
-	runner *owned.Runner
-	log    *slog.Logger
-	m      *Metrics
+	runner  *owned.Runner
+	log     *slog.Logger
+	m       *Metrics
+	maxRuns int
 
 	runCtx     context.Context // cancelled when Shutdown's bound expires
 	cancelRuns context.CancelFunc
 
 	mu       sync.Mutex
 	closed   bool
+	inFlight int
 	runs     sync.WaitGroup
 	shutOnce sync.Once
 }
@@ -58,27 +65,43 @@ func NewDispatcher(cfg DispatcherConfig) *Dispatcher {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Dispatcher{runner: cfg.Runner, log: log, m: cfg.Metrics, runCtx: ctx, cancelRuns: cancel}
+	return &Dispatcher{runner: cfg.Runner, log: log, m: cfg.Metrics, maxRuns: cfg.MaxRunsInFlight, runCtx: ctx, cancelRuns: cancel}
 }
 
 // Kinds are the kinds the dispatcher runs.
 func (d *Dispatcher) Kinds() *owned.Registry { return d.runner.Registry() }
 
-// begin registers one run; false once Shutdown began.
-func (d *Dispatcher) begin() bool {
+// begin registers one run of trigger t: ErrShuttingDown once Shutdown
+// began, a *job.CapacityError for an HTTP trigger at the cap. Checking and
+// counting under one lock makes the cap exact under concurrent requests.
+func (d *Dispatcher) begin(t job.Trigger) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
-		return false
+		return ErrShuttingDown
 	}
+	if d.maxRuns > 0 && t.Source == job.SourceHTTP && d.inFlight >= d.maxRuns {
+		return &job.CapacityError{Limit: d.maxRuns, InFlight: d.inFlight}
+	}
+	d.inFlight++
 	d.runs.Add(1)
 	d.m.runs(1)
-	return true
+	return nil
 }
 
 func (d *Dispatcher) end() {
+	d.mu.Lock()
+	d.inFlight--
+	d.mu.Unlock()
 	d.m.runs(-1)
 	d.runs.Done()
+}
+
+// InFlight is the number of runs in flight now.
+func (d *Dispatcher) InFlight() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.inFlight
 }
 
 // runContext is ctx, also cancelled when Shutdown's bound expires.
@@ -88,17 +111,20 @@ func (d *Dispatcher) runContext(ctx context.Context) (context.Context, context.C
 	return ctx, func() { stop(); cancel() }
 }
 
-// refused is the Result of work offered during shutdown.
-func (d *Dispatcher) refused(k owned.Kind, p owned.Params, t job.Trigger) job.Result {
+// refused is the Result of work refused by begin: outcome unavailable
+// (nothing ran; a Kafka trigger is not committed).
+func (d *Dispatcher) refused(k owned.Kind, p owned.Params, t job.Trigger, err error) job.Result {
 	return job.Result{Job: k.Spec().Name, Key: k.LockKey(p), Outcome: job.OutcomeUnavailable, Replica: d.runner.Replica(),
-		RequestID: t.RequestID, Error: ErrShuttingDown.Error()}
+		RequestID: t.RequestID, Error: err.Error()}
 }
 
 // Run runs one owned run of k to its end under ctx (the Kafka consumer,
-// cron, synchronous HTTP). The error is ErrShuttingDown, or nil.
+// cron, synchronous HTTP). The error is ErrShuttingDown, a
+// *job.CapacityError (HTTP only), or nil.
 func (d *Dispatcher) Run(ctx context.Context, k owned.Kind, p owned.Params, t job.Trigger) (job.Result, error) {
-	if !d.begin() {
-		return d.refused(k, p, t), ErrShuttingDown
+	if err := d.begin(t); err != nil {
+		d.refusal(k, t, err)
+		return d.refused(k, p, t, err), err
 	}
 	defer d.end()
 	ctx, cancel := d.runContext(ctx)
@@ -113,10 +139,11 @@ func (d *Dispatcher) Run(ctx context.Context, k owned.Kind, p owned.Params, t jo
 // (detached from ctx, so an HTTP request ending does not stop it) and Start
 // returns started=true with the owner and fence and no outcome yet.
 // Otherwise it returns the final Result (already_owned, unavailable,
-// already_completed, failed) and started=false.
+// already_completed, failed) and started=false. The error is that of Run.
 func (d *Dispatcher) Start(ctx context.Context, k owned.Kind, p owned.Params, t job.Trigger) (job.Result, bool, error) {
-	if !d.begin() {
-		return d.refused(k, p, t), false, ErrShuttingDown
+	if err := d.begin(t); err != nil {
+		d.refusal(k, t, err)
+		return d.refused(k, p, t, err), false, err
 	}
 	beginCtx, cancelBegin := d.runContext(ctx)
 	o, res := d.runner.Begin(beginCtx, k, p, t)
@@ -139,6 +166,16 @@ func (d *Dispatcher) Start(ctx context.Context, k owned.Kind, p owned.Params, t 
 // no run state).
 func (d *Dispatcher) Status(ctx context.Context, k owned.Kind, id string) (any, error) {
 	return d.runner.Status(ctx, k, id)
+}
+
+// refusal logs work refused before it began (at capacity; shutting down is
+// logged once by the replica).
+func (d *Dispatcher) refusal(k owned.Kind, t job.Trigger, err error) {
+	var ce *job.CapacityError
+	if errors.As(err, &ce) {
+		d.log.Warn("trigger_refused_at_capacity", "job", k.Spec().Name, "trigger", string(t.Source),
+			"request_id", t.RequestID, "in_flight", ce.InFlight, "max_runs_in_flight", ce.Limit)
+	}
 }
 
 // finished logs the run's end; ctx carries the trigger's trace context, so

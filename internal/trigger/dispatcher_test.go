@@ -27,6 +27,10 @@ type dispatchBundle struct {
 // setupDispatcher wires the widget kind behind the owned template and a
 // Dispatcher (in-memory locker).
 func setupDispatcher(t *testing.T, gatedRuns bool) *dispatchBundle {
+	return setupCapped(t, gatedRuns, 0)
+}
+
+func setupCapped(t *testing.T, gatedRuns bool, maxRuns int) *dispatchBundle {
 	t.Helper()
 	b := &dispatchBundle{rec: &events.Recorder{}, w: &ownedtest.Widget{},
 		locker: ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "r1", WaitTime: 50 * time.Millisecond})}
@@ -35,7 +39,8 @@ func setupDispatcher(t *testing.T, gatedRuns bool) *dispatchBundle {
 		b.gate = make(chan struct{})
 		b.w.Work = ownedtest.Gated(b.gate)
 	}
-	b.d = trigger.NewDispatcher(trigger.DispatcherConfig{Runner: widgetRunner(t, b.w, b.locker, b.rec), Metrics: trigger.NewMetrics(nil)})
+	b.d = trigger.NewDispatcher(trigger.DispatcherConfig{Runner: widgetRunner(t, b.w, b.locker, b.rec), Metrics: trigger.NewMetrics(nil),
+		MaxRunsInFlight: maxRuns})
 	return b
 }
 
@@ -89,6 +94,52 @@ func TestStartRunsInBackgroundAndShutdownWaits(t *testing.T) {
 	b.d.Shutdown(context.Background()) // waits for the run
 	require.Len(t, b.rec.OfType(events.RunCompleted), 1)
 	require.Empty(t, b.rec.OfType(events.OwnershipLost), "the request's end did not cancel the run")
+}
+
+// At the cap, an HTTP trigger is refused before anything is locked, with
+// the cap in the error; Kafka and cron triggers still run (they are bounded
+// by partitions and schedules, and a refused Kafka record would only be
+// redelivered). A slot freed admits HTTP again.
+func TestCapRefusesHTTPOnly(t *testing.T) {
+	t.Parallel()
+	b := setupCapped(t, true, 2)
+	ctx := context.Background()
+	http := func(id string) job.Trigger { return job.Trigger{Source: job.SourceHTTP, RequestID: id} }
+
+	for n := 1; n <= 2; n++ {
+		_, started, err := b.d.Start(ctx, b.w, ownedtest.Params{N: n}, http("h"))
+		require.NoError(t, err)
+		require.True(t, started)
+	}
+	require.Equal(t, 2, b.d.InFlight())
+	res, started, err := b.d.Start(ctx, b.w, ownedtest.Params{N: 3}, http("h3"))
+	require.ErrorIs(t, err, job.ErrAtCapacity)
+	var ce *job.CapacityError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, job.CapacityError{Limit: 2, InFlight: 2}, *ce)
+	require.False(t, started)
+	require.Equal(t, "widget:3", res.Key)
+	_, err = b.d.Run(ctx, b.w, ownedtest.Params{N: 4}, http("h4"))
+	require.ErrorIs(t, err, job.ErrAtCapacity, "synchronous HTTP runs count too")
+	require.Len(t, b.rec.OfType(events.OwnershipAcquired), 2, "a refused trigger locks nothing")
+
+	// Kafka is not refused at the cap.
+	kafkaDone := make(chan job.Result, 1)
+	go func() {
+		res, _ := b.d.Run(ctx, b.w, ownedtest.Params{N: 5}, job.Trigger{Source: job.SourceKafka, RequestID: "k5"})
+		kafkaDone <- res
+	}()
+	waitEvents(t, b.rec, events.OwnershipAcquired, 3)
+	require.Equal(t, 3, b.d.InFlight())
+
+	close(b.gate) // every run finishes, and frees its slot
+	require.Equal(t, job.OutcomeCompleted, (<-kafkaDone).Outcome)
+	require.Eventually(t, func() bool { return b.d.InFlight() == 0 }, 10*time.Second, 5*time.Millisecond)
+	_, started, err = b.d.Start(ctx, b.w, ownedtest.Params{N: 3}, http("h3-again"))
+	require.NoError(t, err)
+	require.True(t, started)
+	b.d.Shutdown(ctx)
+	require.Zero(t, b.d.InFlight())
 }
 
 func TestShutdownCancelsRunsWhenItsBoundExpires(t *testing.T) {
