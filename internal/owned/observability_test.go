@@ -231,7 +231,7 @@ func TestRunSpansEventsAndLogsShareTheTriggersTrace(t *testing.T) {
 	require.Equal(t, "00f067aa0ba902b7", run.Parent().SpanID().String(), "the run is the trigger's child")
 	attrs := map[string]string{}
 	for _, a := range run.Attributes() {
-		attrs[string(a.Key)] = a.Value.Emit()
+		attrs[string(a.Key)] = a.Value.String()
 	}
 	require.Equal(t, "completed", attrs["coordinator.outcome"])
 	require.Equal(t, "req-9", attrs["coordinator.request_id"])

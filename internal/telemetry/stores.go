@@ -17,8 +17,8 @@ func (p *Provider) PgxTracer() pgx.QueryTracer {
 	if !p.Enabled() {
 		return nil
 	}
-	return otelpgx.NewTracer(otelpgx.WithTracerProvider(p.tp), otelpgx.WithMeterProvider(noop.NewMeterProvider()),
-		otelpgx.WithTrimSQLInSpanName())
+	// Span names are the SQL's first words (otelpgx's default).
+	return otelpgx.NewTracer(otelpgx.WithTracerProvider(p.tp), otelpgx.WithMeterProvider(noop.NewMeterProvider()))
 }
 
 // InstrumentRedis traces client's commands with redisotel (a span per
