@@ -134,8 +134,16 @@ func (r *run) triggerLoop(ctx context.Context) {
 		}
 		if period == "" {
 			r.mu.Lock()
-			period = r.introduced[rng.IntN(len(r.introduced))]
+			if len(r.introduced) > 0 {
+				period = r.introduced[rng.IntN(len(r.introduced))]
+			}
 			r.mu.Unlock()
+		}
+		if period == "" {
+			// The first draw chose a repeat before any period was introduced.
+			if period = r.newPeriod(); period == "" {
+				continue
+			}
 		}
 		count := 1 + rng.IntN(3)
 		for i := 0; i < count; i++ {
