@@ -23,12 +23,18 @@ import (
 // scattered over the table's pages.
 func benchStale(b *testing.B, def int) int {
 	b.Helper()
-	n := def
-	if v := os.Getenv("COORDINATOR_BENCH_REAPER_STALE"); v != "" {
-		var err error
-		n, err = strconv.Atoi(v)
-		require.NoError(b, err, "COORDINATOR_BENCH_REAPER_STALE")
+	return benchCount(b, "COORDINATOR_BENCH_REAPER_STALE", def)
+}
+
+// benchCount reads a count from the environment variable env, else def.
+func benchCount(b *testing.B, env string, def int) int {
+	b.Helper()
+	v := os.Getenv(env)
+	if v == "" {
+		return def
 	}
+	n, err := strconv.Atoi(v)
+	require.NoError(b, err, env)
 	return n
 }
 

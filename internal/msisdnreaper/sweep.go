@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -72,8 +73,9 @@ type Config struct {
 	Metrics *Metrics
 
 	// scan picks the batch statement (benchmark comparisons only): "" is
-	// the msisdn cursor, "unordered" and "ordered" (by reserved_until) the
-	// measured alternatives.
+	// the (reserved_until, msisdn) cursor; "msisdn" (the msisdn cursor of
+	// before migration 00010), "unordered" and "ordered" (by reserved_until,
+	// no cursor) the measured alternatives.
 	scan string
 }
 
@@ -181,6 +183,8 @@ func (k *SweepKind) Open(d owned.Deps) (owned.Worker, error) {
 	}
 	s := &Sweeper{db: d.DB, cfg: cfg.withDefaults(), sql: sqlSweepBatch, schedule: d.Config.ReaperSchedule}
 	switch cfg.scan {
+	case "msisdn":
+		s.sql = sqlSweepBatchMsisdn
 	case "unordered":
 		s.sql = sqlSweepBatchUnordered
 	case "ordered":
@@ -218,39 +222,66 @@ func (s *Sweeper) Tick(time.Time) (owned.Params, error) { return sweepParams{}, 
 // Observe feeds coordinator_reaper_sweeps_total.
 func (s *Sweeper) Observe(res job.Result) { s.cfg.Metrics.sweep(string(res.Outcome)) }
 
-// sqlSweepBatch frees up to $1 stale reservations after the cursor $2 in
-// one statement (its own transaction) and returns how many it freed and the
-// highest msisdn among them (the next cursor).
+// sqlSweepBatch frees up to $1 stale reservations after the cursor
+// ($2 reserved_until, $3 msisdn) in one statement (its own transaction) and
+// returns how many it freed and the (reserved_until, msisdn) of the last
+// row it took (the next cursor; null when it took none).
 //
 //   - now() is the database's clock: a replica's clock never decides
 //     staleness.
 //   - FOR UPDATE SKIP LOCKED passes over rows that a concurrent Allocate or
 //     Release, or the other worker, holds; the outer state check repeats the
 //     precondition on the locked row version.
-//   - "= any(array(select ...))" runs the subquery once as an init plan and
-//     updates through the primary key. The issue's "msisdn in (select ...)"
-//     is planned as a hash semi-join over a sequential scan of every RESERVED
-//     row: 216 ms per batch of 1000 out of 200,000 rows, growing with the
-//     table (measured).
-//   - The cursor (msisdn > $2, walking the partial index msisdn_pool_reserved)
-//     makes each batch start where the last ended. Without it, each batch's
-//     scan steps again over every row freed before it: measured 55 ms for the
-//     first batch of 1000 and 156 ms for the last of 500,000 (sequential
-//     scan), and 4-6x slower overall when ordered by reserved_until. A row
-//     that goes stale behind the cursor during the sweep is freed by the next
-//     tick.
+//   - The walk is by expiry over the partial index msisdn_pool_reserved_expiry
+//     (reserved_until, msisdn) where RESERVED: each batch is an index range
+//     scan from the cursor up to now(), so it reads only stale rows and stops
+//     at the first valid hold. The msisdn walk before it (partial index on
+//     msisdn) read the heap tuple of every RESERVED row to test
+//     reserved_until: a tick over 1M valid holds cost the same whether 0 or
+//     10,000 were stale (bench/notes/reaper.md).
+//   - The cursor makes each batch start where the last ended, so no batch
+//     steps again over the index entries (dead until vacuum) of rows freed
+//     before it: without one, measured quadratic over a sweep.
+//   - The rows are picked in a materialized CTE so that the cursor can be read
+//     from their old reserved_until (the update's RETURNING sees the new,
+//     null one); the update goes through the primary key with
+//     "= any(array(...))" (an init plan: "in (select ...)" is planned as a
+//     hash semi-join over a scan of every row, measured 216 ms a batch).
 const sqlSweepBatch = `
+with picked as materialized (
+    select msisdn, reserved_until from msisdn_pool
+     where state = 'RESERVED' and reserved_until < now()
+       and (reserved_until, msisdn) > ($2::timestamptz, $3::text)
+     order by reserved_until, msisdn
+     limit $1
+     for update skip locked),
+freed as (
+    update msisdn_pool
+       set state = 'FREE', reserved_until = null, reserved_by = null, updated_at = now()
+     where msisdn = any(array(select msisdn from picked))
+       and state = 'RESERVED'
+    returning msisdn),
+last as (
+    select reserved_until, msisdn from picked order by reserved_until desc, msisdn desc limit 1)
+select (select count(*) from freed), (select reserved_until from last), (select msisdn from last)`
+
+// sqlSweepBatchMsisdn is the walk before migration 00010: by msisdn from the
+// cursor $3 over msisdn_pool_reserved, testing reserved_until on each row
+// ($2 unused). Benchmark comparison only (BenchmarkReaperTick runs it on a
+// schema with the old indexes).
+const sqlSweepBatchMsisdn = `
 with freed as (
     update msisdn_pool
        set state = 'FREE', reserved_until = null, reserved_by = null, updated_at = now()
      where msisdn = any(array(select msisdn from msisdn_pool
-                               where state = 'RESERVED' and reserved_until < now() and msisdn > $2
+                               where state = 'RESERVED' and reserved_until < now() and msisdn > $3
+                                 and $2::timestamptz is not null
                                order by msisdn
                                limit $1
                                for update skip locked))
        and state = 'RESERVED'
     returning msisdn)
-select count(*), coalesce(max(msisdn), '') from freed`
+select count(*), null::timestamptz, max(msisdn) from freed`
 
 // sqlSweepBatchUnordered takes any stale rows (no cursor; the planner picks
 // a sequential scan). Benchmark comparison only.
@@ -259,12 +290,13 @@ with freed as (
     update msisdn_pool
        set state = 'FREE', reserved_until = null, reserved_by = null, updated_at = now()
      where msisdn = any(array(select msisdn from msisdn_pool
-                               where state = 'RESERVED' and reserved_until < now() and $2::text is not null
+                               where state = 'RESERVED' and reserved_until < now()
+                                 and $2::timestamptz is not null and $3::text is not null
                                limit $1
                                for update skip locked))
        and state = 'RESERVED'
     returning msisdn)
-select count(*), '' from freed`
+select count(*), null::timestamptz, null::text from freed`
 
 // sqlSweepBatchOrdered frees the oldest holds first (an index scan on
 // reserved_until). Benchmark comparison only.
@@ -273,13 +305,14 @@ with freed as (
     update msisdn_pool
        set state = 'FREE', reserved_until = null, reserved_by = null, updated_at = now()
      where msisdn = any(array(select msisdn from msisdn_pool
-                               where state = 'RESERVED' and reserved_until < now() and $2::text is not null
+                               where state = 'RESERVED' and reserved_until < now()
+                                 and $2::timestamptz is not null and $3::text is not null
                                order by reserved_until
                                limit $1
                                for update skip locked))
        and state = 'RESERVED'
     returning msisdn)
-select count(*), '' from freed`
+select count(*), null::timestamptz, null::text from freed`
 
 // Stop reasons of an owned sweep.
 const (
@@ -344,11 +377,11 @@ func (s *Sweeper) free(ctx context.Context, run *owned.Run, deadline time.Time, 
 		reason         string
 		firstErr       error
 		halt           = make(chan struct{})
-		// cursor is the highest msisdn freed so far. Workers start their
-		// batches from it; two batches from the same cursor skip each
-		// other's locked rows, and every stale row at or below the highest
-		// end was taken by one of them.
-		cursor   string
+		// cursor is the furthest (reserved_until, msisdn) taken so far.
+		// Workers start their batches from it; two batches from the same
+		// cursor skip each other's locked rows, and every stale row at or
+		// below the furthest end was taken by one of them.
+		cursor   = sweepCursor{until: minTime}
 		haltOnce sync.Once
 		wg       sync.WaitGroup
 	)
@@ -394,11 +427,12 @@ func (s *Sweeper) free(ctx context.Context, run *owned.Run, deadline time.Time, 
 				from := cursor
 				mu.Unlock()
 				var (
-					n    int64
-					last string
+					n          int64
+					lastUntil  pgtype.Timestamptz
+					lastMsisdn pgtype.Text
 				)
 				bctx, span := run.StartSpan(batchCtx, "msisdn-reaper.batch")
-				if err := s.db.QueryRow(bctx, s.sql, s.cfg.BatchSize, from).Scan(&n, &last); err != nil {
+				if err := s.db.QueryRow(bctx, s.sql, s.cfg.BatchSize, from.untilArg(), from.msisdn).Scan(&n, &lastUntil, &lastMsisdn); err != nil {
 					span.SetStatus(codes.Error, err.Error())
 					span.End()
 					stop(stopError, fmt.Errorf("msisdnreaper: sweep batch: %w", err))
@@ -409,9 +443,11 @@ func (s *Sweeper) free(ctx context.Context, run *owned.Run, deadline time.Time, 
 				}
 				span.End()
 				run.Committed(1, n)
-				mu.Lock()
-				cursor = max(cursor, last)
-				mu.Unlock()
+				if lastMsisdn.Valid {
+					mu.Lock()
+					cursor = cursor.furthest(sweepCursor{until: lastUntil.Time, msisdn: lastMsisdn.String})
+					mu.Unlock()
+				}
 				freed.Add(n)
 				batches.Add(1)
 				s.cfg.Metrics.batch(n, time.Since(t0))
@@ -428,8 +464,39 @@ func (s *Sweeper) free(ctx context.Context, run *owned.Run, deadline time.Time, 
 	return freeRun{freed: freed.Load(), batches: batches.Load(), reason: reason, err: firstErr}
 }
 
+// sweepCursor is where a batch starts: after (until, msisdn) in the order
+// of msisdn_pool_reserved_expiry. The zero cursor's until is minTime, sent
+// as -infinity (before every hold).
+type sweepCursor struct {
+	until  time.Time
+	msisdn string
+}
+
+// minTime stands for -infinity.
+var minTime = time.Time{}
+
+func (c sweepCursor) untilArg() pgtype.Timestamptz {
+	if c.until.Equal(minTime) {
+		return pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	}
+	return pgtype.Timestamptz{Time: c.until, Valid: true}
+}
+
+// furthest returns the later of c and o in (until, msisdn) order. msisdns
+// are compared bytewise, which is the index's order for the pool's numbers
+// (decimal digits of one length).
+func (c sweepCursor) furthest(o sweepCursor) sweepCursor {
+	switch {
+	case o.until.After(c.until):
+		return o
+	case o.until.Equal(c.until) && o.msisdn > c.msisdn:
+		return o
+	}
+	return c
+}
+
 // sqlCountStale counts the stale reservations a sweep starts with
-// (msisdn_pool_stale_reservations, by the database's clock).
+// (on msisdn_pool_reserved_expiry, by the database's clock).
 const sqlCountStale = `
 select count(*) from msisdn_pool where state = 'RESERVED' and reserved_until < now()`
 

@@ -2,6 +2,7 @@ package msisdnreaper
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -107,6 +108,35 @@ func TestSweepFreesOnlyStaleReservations(t *testing.T) {
 	nilMetrics.sweep("completed")
 	nilMetrics.batch(1, time.Millisecond)
 	nilMetrics.owned(time.Millisecond, true, true)
+}
+
+// The walk by expiry breaks ties on msisdn: stale holds that share one
+// reserved_until, more than a batch of them, are all freed in one sweep
+// (a cursor on reserved_until alone would skip the rest of a batch's
+// expiry), with one worker and with workers sharing the cursor.
+func TestSweepFreesHoldsThatExpiredAtTheSameInstant(t *testing.T) {
+	t.Parallel()
+	for _, workers := range []int{1, 3} {
+		t.Run(fmt.Sprintf("workers=%d", workers), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pg := testenv.Postgres(t)
+			_, err := Seed(ctx, pg.Pool, SeedSpec{StaleReserved: 95, ValidReserved: 20, Free: 10})
+			require.NoError(t, err)
+			// Three expiry instants, 30 + 30 + 35 holds each.
+			_, err = pg.Pool.Exec(ctx, `update msisdn_pool
+				set reserved_until = date_trunc('second', now()) - interval '1 hour' * (1 + msisdn::bigint % 3)
+				where state = 'RESERVED' and reserved_until < now()`)
+			require.NoError(t, err)
+			check := snapshotKept(t, pg)
+			s := NewTestSweeper(pg.Pool, memLocker(t, "replica-a", time.Second), events.Multi{},
+				Config{BatchSize: 10, Workers: workers})
+			res := s.Sweep(ctx, cliTrigger)
+			require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
+			require.Equal(t, int64(95), res.Counts["freed"])
+			check(0)
+		})
+	}
 }
 
 func TestSweepFailsClosedWhenTheLockIsUnavailable(t *testing.T) {
