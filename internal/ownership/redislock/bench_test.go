@@ -1,8 +1,11 @@
 package redislock
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
 	"runtime"
 	"slices"
 	"strconv"
@@ -75,33 +78,27 @@ func BenchmarkAcquireRelease(b *testing.B) {
 					return del.Run(ctx, raw, []string{k}, tok).Err()
 				}
 				// Our two Lua scripts called bare, without the Locker around
-				// them: separates the scripts' cost from the Locker's.
-				scripts := func(key string) error {
-					tok := "s" + strconv.FormatInt(seq.Add(1), 10)
-					queue, tickets := l.queueKeys(key)
-					res, err := acquireScript.Run(ctx, raw, []string{l.lockKey(key), l.fenceKey(key), queue, tickets},
-						tok, "bench", 30000, "x", 0, queueMS, "0").Slice()
-					if err != nil {
-						return err
-					}
-					fence, _ := res[1].(int64)
-					return releaseScript.Run(ctx, raw, []string{l.lockKey(key), queue, tickets, l.endedKey(key, fence)},
-						tok, fence, endedMS, handoffMS, l.cfg.Prefix, key).Err()
-				}
+				// them (now and before issue 18): separates the scripts' cost
+				// from the Locker's.
+				scripts := barePair(l, raw, false)
+				bare18 := barePair(l, raw, true)
+				before18 := func(key string) error { return bare18("b18-" + key) }
 				// Warm all (connections, script cache).
 				for w := range g {
 					_ = ours("warm-" + strconv.Itoa(w))
 					_ = floor("warm-" + strconv.Itoa(w))
 					_ = scripts("warm-" + strconv.Itoa(w))
+					_ = before18("warm-" + strconv.Itoa(w))
 				}
 				b.ResetTimer()
-				var tOurs, tFloor, tScripts time.Duration
+				var tOurs, tFloor, tScripts, tBefore18 time.Duration
 				const slice = 100
 				for done := 0; done < b.N; done += slice * g {
 					n := min(slice, (b.N-done+g-1)/g)
 					tOurs += runPairs(b, g, n, ours)
 					tFloor += runPairs(b, g, n, floor)
 					tScripts += runPairs(b, g, n, scripts)
+					tBefore18 += runPairs(b, g, n, before18)
 				}
 				b.StopTimer()
 				pOurs := float64(b.N) / tOurs.Seconds()
@@ -109,6 +106,9 @@ func BenchmarkAcquireRelease(b *testing.B) {
 				b.ReportMetric(pOurs, "pairs/s")
 				b.ReportMetric(pFloor, "floor-pairs/s")
 				b.ReportMetric(float64(b.N)/tScripts.Seconds(), "scripts-pairs/s")
+				b.ReportMetric(float64(b.N)/tBefore18.Seconds(), "before18-scripts-pairs/s")
+				b.ReportMetric(tFloor.Seconds()/tScripts.Seconds(), "scripts-ratio")
+				b.ReportMetric(tFloor.Seconds()/tBefore18.Seconds(), "before18-scripts-ratio")
 				b.ReportMetric(pOurs/pFloor, "ratio")
 			})
 		}
@@ -289,18 +289,123 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// BenchmarkServerCost: Redis CPU per uncontended acquire+release pair, read
-// from INFO commandstats (the sum of usec over all commands) on a
-// redis-server of the benchmark's own, for our Locker (explicit and
-// watchdog lease) and for the raw floor (SET NX PX + a Lua compare-and-
-// delete). Machine load does not inflate it the way it inflates pairs/s.
+// barePair returns one uncontended acquire+release of the lock scripts
+// called bare (no Locker around them) on a key: the current scripts, or
+// with before18 the scripts before issue 18 (before18_test.go).
+func barePair(l *Locker, c redis.Scripter, before18 bool) func(key string) error {
+	ctx := context.Background()
+	var seq atomic.Int64
+	return func(key string) error {
+		queue, tickets := l.queueKeys(key)
+		tok := "bare:" + strconv.FormatInt(seq.Add(1), 10)
+		if before18 {
+			res, err := before18AcquireScript.Run(ctx, c, []string{l.lockKey(key), l.fenceKey(key), queue, tickets},
+				tok, "bench", 30000, "bare", 0, queueMS, "0").Slice()
+			if err != nil {
+				return err
+			}
+			fence, _ := res[1].(int64)
+			return before18ReleaseScript.Run(ctx, c, []string{l.lockKey(key), queue, tickets, l.endedKey(key, fence)},
+				tok, fence, endedMS, handoffMS, l.cfg.Prefix, key).Err()
+		}
+		res, err := acquireScript.Run(ctx, c, []string{l.lockKey(key), l.fenceKey(key), queue, tickets},
+			tok, "bench", 30000, "0").Slice()
+		if err != nil {
+			return err
+		}
+		fence, err := fenceOf(res[1])
+		if err != nil {
+			return err
+		}
+		return releaseScript.Run(ctx, c, []string{l.lockKey(key), queue, tickets, l.endedKey(key, fence)},
+			tok, fence).Err()
+	}
+}
+
+// functionPair loads the current acquire and release scripts as a Redis 7
+// function library (FUNCTION LOAD; the bodies unchanged, KEYS and ARGV
+// become the functions' parameters) and returns one uncontended pair of
+// them through FCALL: does FCALL cost Redis less than EVALSHA?
+func functionPair(b *testing.B, l *Locker, c redis.UniversalClient) func(key string) error {
+	b.Helper()
+	ctx := context.Background()
+	lib := "#!lua name=coordinator_bench\n" +
+		"redis.register_function('bench_acquire', function(KEYS, ARGV)\n" + acquireLua + "\nend)\n" +
+		"redis.register_function('bench_release', function(KEYS, ARGV)\n" + releaseLua + "\nend)\n"
+	if err := c.FunctionLoadReplace(ctx, lib).Err(); err != nil {
+		b.Fatal(err)
+	}
+	var seq atomic.Int64
+	return func(key string) error {
+		queue, tickets := l.queueKeys(key)
+		tok := "fcall:" + strconv.FormatInt(seq.Add(1), 10)
+		res, err := c.FCall(ctx, "bench_acquire", []string{l.lockKey(key), l.fenceKey(key), queue, tickets},
+			tok, "bench", 30000, "0").Slice()
+		if err != nil {
+			return err
+		}
+		fence, err := fenceOf(res[1])
+		if err != nil {
+			return err
+		}
+		return c.FCall(ctx, "bench_release", []string{l.lockKey(key), queue, tickets, l.endedKey(key, fence)},
+			tok, fence).Err()
+	}
+}
+
+// BenchmarkServerCost: Redis's cost per uncontended acquire+release pair,
+// for the raw floor (SET NX PX + a Lua compare-and-delete), our scripts
+// before issue 18 and now, called bare (and now through FCALL), and our Locker (explicit and
+// watchdog lease), on a redis-server of the benchmark's own. Reported:
+//
+//   - server-us/pair: usec of the pair's top-level commands in INFO
+//     commandstats (wall time inside each command: a busy machine that
+//     preempts Redis mid-script inflates it);
+//   - server-cpu-us/pair: the redis-server process's user+system CPU
+//     (/proc/PID/stat), network I/O included, not inflated by preemption
+//     (10 ms ticks: use 20000 pairs or more);
+//   - redis-instr/pair, when the server runs under callgrind
+//     (bench/redis-callgrind): instructions the server executed, which no
+//     load on the machine changes.
 func BenchmarkServerCost(b *testing.B) {
-	srv := testenv.StartRedisServer(b)
-	env := &testenv.RedisEnv{URL: srv.URL(), Client: srv.Client(b), Prefix: "cost"}
+	var (
+		env *testenv.RedisEnv
+		pid int
+		cg  bool
+	)
+	if url := os.Getenv("COORDINATOR_BENCH_CALLGRIND_URL"); url != "" {
+		var err error
+		pid, err = strconv.Atoi(os.Getenv("COORDINATOR_BENCH_CALLGRIND_PID"))
+		if err != nil {
+			b.Fatalf("COORDINATOR_BENCH_CALLGRIND_PID: %v", err)
+		}
+		opt, err := redis.ParseURL(url)
+		if err != nil {
+			b.Fatalf("COORDINATOR_BENCH_CALLGRIND_URL: %v", err)
+		}
+		c := redis.NewClient(opt)
+		b.Cleanup(func() { _ = c.Close() })
+		env, cg = &testenv.RedisEnv{URL: url, Client: c, Prefix: testenv.UniqueName("cost")}, true
+	} else {
+		srv := testenv.StartRedisServer(b)
+		env, pid = &testenv.RedisEnv{URL: srv.URL(), Client: srv.Client(b), Prefix: "cost"}, srv.PID()
+	}
 	l, raw := benchLocker(b, env, "bench", 30*time.Second)
 	ctx := context.Background()
 	del := redis.NewScript(`if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0`)
+	rawKey := env.Prefix + ":raw"
+	bare18, bareNow := barePair(l, raw, true), barePair(l, raw, false)
+	fcallPair := functionPair(b, l, raw)
 	pairs := map[string]func() error{
+		"floor": func() error {
+			if err := raw.SetNX(ctx, rawKey, "t", 30*time.Second).Err(); err != nil {
+				return err
+			}
+			return del.Run(ctx, raw, []string{rawKey}, "t").Err()
+		},
+		"scripts-before18": func() error { return bare18("before") },
+		"scripts":          func() error { return bareNow("now") },
+		"scripts-fcall":    func() error { return fcallPair("fcall") },
 		"ours-explicit": func() error {
 			le, err := l.Acquire(ctx, "k", 30*time.Second)
 			if err != nil {
@@ -315,19 +420,9 @@ func BenchmarkServerCost(b *testing.B) {
 			}
 			return le.Release(ctx)
 		},
-		"floor": func() error {
-			if err := raw.SetNX(ctx, "cost:raw", "t", 30*time.Second).Err(); err != nil {
-				return err
-			}
-			return del.Run(ctx, raw, []string{"cost:raw"}, "t").Err()
-		},
 	}
-	topLevel := map[string][]string{
-		"floor":         {"set", "evalsha", "eval"},
-		"ours-explicit": {"evalsha", "eval"},
-		"ours-watchdog": {"evalsha", "eval"},
-	}
-	for _, name := range []string{"floor", "ours-explicit", "ours-watchdog"} {
+	topLevel := map[string][]string{"floor": {"set", "evalsha", "eval"}, "scripts-fcall": {"fcall"}}
+	for _, name := range []string{"floor", "scripts-before18", "scripts", "scripts-fcall", "ours-explicit", "ours-watchdog"} {
 		b.Run(name, func(b *testing.B) {
 			pair := pairs[name]
 			for range 100 { // warm: scripts cached, connections open, server state read
@@ -338,6 +433,10 @@ func BenchmarkServerCost(b *testing.B) {
 			if err := env.Client.ConfigResetStat(ctx).Err(); err != nil {
 				b.Fatal(err)
 			}
+			if cg {
+				callgrind(b, "-z", pid)
+			}
+			cpu0 := procCPU(b, pid)
 			b.ResetTimer()
 			for range b.N {
 				if err := pair(); err != nil {
@@ -345,13 +444,21 @@ func BenchmarkServerCost(b *testing.B) {
 				}
 			}
 			b.StopTimer()
+			cpu := procCPU(b, pid) - cpu0
+			if cg {
+				b.ReportMetric(float64(callgrind(b, "-e", pid))/float64(b.N), "redis-instr/pair")
+			}
 			info, err := env.Client.Info(ctx, "commandstats").Result()
 			if err != nil {
 				b.Fatal(err)
 			}
 			var usec float64
 			for _, line := range strings.Split(info, "\n") {
-				for _, cmd := range topLevel[name] {
+				cmds, ok := topLevel[name]
+				if !ok {
+					cmds = []string{"evalsha", "eval"}
+				}
+				for _, cmd := range cmds {
 					if v, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls="); ok {
 						i := strings.Index(v, "usec=")
 						v = v[i+5:]
@@ -361,6 +468,44 @@ func BenchmarkServerCost(b *testing.B) {
 				}
 			}
 			b.ReportMetric(usec/float64(b.N), "server-us/pair")
+			b.ReportMetric(float64(cpu)/float64(time.Microsecond)/float64(b.N), "server-cpu-us/pair")
 		})
 	}
+}
+
+// procCPU is the user+system CPU time of process pid (clock ticks of 10 ms).
+func procCPU(b *testing.B, pid int) time.Duration {
+	b.Helper()
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Fields after the command name in parentheses: state is the first;
+	// utime and stime are the 12th and 13th.
+	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
+// callgrind runs callgrind_control with op on pid: -z zeroes the counters,
+// -e returns the instructions counted since (summed over threads).
+func callgrind(b *testing.B, op string, pid int) int64 {
+	b.Helper()
+	out, err := exec.Command("callgrind_control", op, strconv.Itoa(pid)).CombinedOutput()
+	if err != nil {
+		b.Fatalf("callgrind_control %s: %v: %s", op, err, out)
+	}
+	var total int64
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 3 && f[0] == "Th" {
+			n, _ := strconv.ParseInt(strings.ReplaceAll(f[2], ",", ""), 10, 64)
+			total += n
+		}
+	}
+	if op == "-e" && total == 0 {
+		b.Fatalf("callgrind_control -e: no totals in %q", out)
+	}
+	return total
 }

@@ -58,6 +58,9 @@ func (l *Locker) Locks(ctx context.Context) ([]ownership.LockInfo, error) {
 			continue // released between SCAN and HMGET, or not ours
 		}
 		info := ownership.LockInfo{Key: key, Owner: str(vals[0]), Fence: num(vals[1]), Holds: num(vals[2])}
+		if vals[2] == nil {
+			info.Holds = 1 // no reentry yet: the acquire writes no holds field
+		}
 		if d, err := pt[i].Result(); err == nil && d > 0 {
 			info.TTL = d.Round(time.Millisecond)
 		}

@@ -349,11 +349,12 @@ func (l *Locker) runAcquire(ctx context.Context, deadline time.Time, key, token 
 	}
 	queue, tickets := l.queueKeys(key)
 	keys := []string{l.lockKey(key), l.fenceKey(key), queue, tickets}
-	q := "0"
+	// The ticket, with a leading '+' when this Locker may have a queue entry.
+	t := strconv.FormatInt(ticket, 10)
 	if queued {
-		q = "1"
+		t = "+" + t
 	}
-	cmd, acked, err := l.evalAcked(callCtx, acquireScript, keys, token, l.cfg.Owner, ttlMS, l.id, ticket, queueMS, q)
+	cmd, acked, err := l.evalAcked(callCtx, acquireScript, keys, token, l.cfg.Owner, ttlMS, t)
 	if err != nil {
 		return acquireResult{}, err
 	}
@@ -365,19 +366,38 @@ func (l *Locker) runAcquire(ctx context.Context, deadline time.Time, key, token 
 		return acquireResult{}, fmt.Errorf("redislock: acquire script returned %v", vals)
 	}
 	flag, _ := vals[0].(int64)
-	n, _ := vals[1].(int64)
 	if flag == 1 {
+		fence, err := fenceOf(vals[1])
+		if err != nil {
+			return acquireResult{}, err
+		}
 		if acked != nil {
 			return acquireResult{}, acked // the caller deletes the unreplicated lock
 		}
-		return acquireResult{acquired: true, fence: n}, nil
+		return acquireResult{acquired: true, fence: fence}, nil
 	}
+	n, _ := vals[1].(int64)
 	r := acquireResult{pttl: n, queued: ticket > 0}
 	if len(vals) > 3 {
 		r.owner, _ = vals[2].(string)
 		r.reserved, _ = vals[3].(string)
 	}
 	return r, nil
+}
+
+// fenceOf reads the fence an acquire returned: a decimal string (an
+// integer reply from scripts of earlier versions).
+func fenceOf(v any) (int64, error) {
+	switch f := v.(type) {
+	case int64:
+		return f, nil
+	case string:
+		n, err := strconv.ParseInt(f, 10, 64)
+		if err == nil && n > 0 {
+			return n, nil
+		}
+	}
+	return 0, fmt.Errorf("redislock: acquire script returned fence %v", v)
 }
 
 func later(a, b time.Time) time.Time {
@@ -566,7 +586,7 @@ func (l *Locker) runRelease(ctx context.Context, key, token string, fence int64)
 		f = strconv.FormatInt(fence, 10)
 	}
 	vals, err := releaseScript.Run(ctx, l.client, []string{l.lockKey(key), queue, tickets, l.endedKey(key, fence)},
-		token, f, endedMS, handoffMS, l.cfg.Prefix, key).Slice()
+		token, f).Slice()
 	if err != nil {
 		return false, err
 	}

@@ -99,7 +99,7 @@ func (l *Locker) leave(key string) {
 		defer cancel()
 		queue, tickets := l.queueKeys(key)
 		err := leaveScript.Run(ctx, l.client, []string{l.lockKey(key), queue, tickets},
-			l.id, handoffMS, l.cfg.Prefix, key).Err()
+			l.id).Err()
 		if err != nil {
 			l.log.Debug("lock_queue_leave_failed", "lock_key", key, "error", err)
 		}

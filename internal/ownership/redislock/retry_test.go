@@ -177,11 +177,17 @@ func (w *retryWorld) cleanedUp(t *testing.T) {
 	w.gone(t)
 }
 
+// holds is the hold count the lock hash records: its holds field, or 1 when
+// the hash has an owner and no holds field (no reentry yet).
 func (w *retryWorld) holds(t *testing.T) string {
 	t.Helper()
-	v, err := w.admin.HGet(context.Background(), w.lockKey, "holds").Result()
+	vals, err := w.admin.HMGet(context.Background(), w.lockKey, "owner", "holds").Result()
 	require.NoError(t, err)
-	return v
+	require.NotNil(t, vals[0], "the lock is not held")
+	if vals[1] == nil {
+		return "1"
+	}
+	return vals[1].(string)
 }
 
 // A release whose context ends while a renewal batch is stuck in a stalled

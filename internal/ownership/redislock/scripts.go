@@ -1,6 +1,11 @@
 package redislock
 
-import "github.com/redis/go-redis/v9"
+import (
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
 
 // Keys of one lock key K (all share the hash tag {K}, so every script runs
 // in one cluster slot):
@@ -8,8 +13,9 @@ import "github.com/redis/go-redis/v9"
 //	<prefix>:{K}:lock     hash, PTTL = the lease's TTL:
 //	                        owner    the term's token (replica id + random, unique per Acquire)
 //	                        replica  the replica id, shown to contenders and in `coordinator locks`
-//	                        holds    the hold count (reentrant acquisitions), as the holder last set it
-//	                        seq      the holder's operation number that set holds (per term)
+//	                        holds    the hold count (reentrant acquisitions), as the holder last set it;
+//	                                 absent until a reentry sets it: 1
+//	                        seq      the holder's operation number that set holds (per term); absent: 0
 //	                        fence    the term's fencing token
 //	                        waiting  '1' once a contender queued during this term: only then
 //	                                 does the release look at the queue and hand off
@@ -38,12 +44,39 @@ import "github.com/redis/go-redis/v9"
 // numbers (~1.8e15 in 2026): int64 everywhere, and below 2^53 until the
 // year 2255, so exact in JSON readers that use doubles.
 
-// handoffLua picks the oldest live waiting Locker of KEYS lock/queue/
-// tickets (ticket not expired), reserves the lock for it for ARGV handoff ms
-// and publishes the key on its wake channel. Expired tickets are dropped.
-// Returns the Locker id, or false when nobody waits.
+// Cost. Every redis.call from Lua costs well above its command (argument
+// conversion, command lookup, the reply parsed back into Lua values), and
+// Lua's number formatting goes through glibc's printf_fp: a
+// string.format('%.0f') of a fence cost more instructions than the SET that
+// stores it (measured with callgrind, bench/notes/ownership.md). So the
+// uncontended path of acquire and release makes the fewest calls the
+// guarantees allow (acquire: HMGET, TIME, SET fence GET, HSET, PEXPIRE;
+// release: HMGET, SET ended marker, DEL), builds the fence from TIME's two
+// strings without a number conversion, compares fences as digit strings
+// (and adds 1 on the digits in the rare case the clock did not move past
+// the last fence),
+// returns the fence as a string, writes no holds or seq field until a
+// reentry needs one, and takes its constants from the script text rather
+// than as arguments.
+
+// scriptText puts the Go constants the scripts use into their text.
+func scriptText(src string) string {
+	return strings.NewReplacer(
+		"HANDOFF_MS", strconv.Itoa(handoffMS),
+		"ENDED_MS", strconv.Itoa(endedMS),
+		"QUEUE_MS", strconv.FormatInt(queueMS, 10),
+	).Replace(src)
+}
+
+// handoffLua picks the oldest live waiting Locker of the lock key `lock`
+// (its queue and tickets keys are KEYS[2] and KEYS[3]; ticket not
+// expired), reserves the lock for it for HANDOFF_MS and publishes the key
+// on its wake channel. Expired tickets are dropped. The prefix and the key
+// are read back from the lock key's name (<prefix>:{K}:lock; the prefix
+// has no braces). Returns the Locker id, or false when nobody waits.
 const handoffLua = `
-local function handoff(lock, queue, tickets, handoffms, prefix, key)
+local function handoff(lock)
+  local queue, tickets = KEYS[2], KEYS[3]
   local t = redis.call('time')
   local nowms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local dead = redis.call('zrangebyscore', tickets, '-inf', nowms)
@@ -53,8 +86,9 @@ local function handoff(lock, queue, tickets, handoffms, prefix, key)
   end
   local head = redis.call('zrange', queue, 0, 0)[1]
   if head then
+    local prefix, key = string.match(lock, '^(.-):{(.*)}:lock$')
     redis.call('hset', lock, 'reserved', head)
-    redis.call('pexpire', lock, handoffms)
+    redis.call('pexpire', lock, HANDOFF_MS)
     redis.call('publish', prefix .. ':wake:' .. head, key)
     return head
   end
@@ -62,60 +96,95 @@ local function handoff(lock, queue, tickets, handoffms, prefix, key)
 end
 `
 
+// fenceLua: the fence of a new term, max(last + 1, Redis TIME in µs), as a
+// decimal string, stored in the fence key (KEYS[2]). TIME's microseconds
+// are zero-padded to six digits by string operations; two fences (digits,
+// no leading zeros) compare by length, then as strings, and last + 1 is
+// added on the digits, so it is exact at any size (a Lua number, a double,
+// is not above 2^53). A fence key that does not hold digits is
+// overwritten, as before.
+const fenceLua = `
+local function newfence()
+  local t = redis.call('time')
+  local f = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+  local last = redis.call('set', KEYS[2], f, 'get')
+  if last and (#last > #f or (#last == #f and last >= f)) and string.find(last, '^[1-9]%d*$') then
+    local i = #last
+    while string.byte(last, i) == 57 do
+      i = i - 1
+    end
+    if i == 0 then
+      f = '1' .. string.rep('0', #last)
+    else
+      f = string.sub(last, 1, i - 1) .. string.char(string.byte(last, i) + 1) .. string.rep('0', #last - i)
+    end
+    redis.call('set', KEYS[2], f)
+  end
+  return f
+end
+`
+
 // acquireScript: KEYS lock, fence, queue, tickets; ARGV token, replica, ttl
-// ms, Locker id, ticket ms (0: do not queue), queue ms (the queue keys'
-// PTTL, at least any ticket), queued ('1' when this Locker may have a queue
-// entry).
+// ms, ticket: the queue ticket's ms (0: do not queue), with a leading '+'
+// when this Locker may have a queue entry. The Locker id is the token up to
+// its last ':'. The queue keys' PTTL is QUEUE_MS (at least any ticket).
 //
-// Returns {1, fence} when acquired, also when this very token already holds
-// it (a resend: the TTL is set again, nothing else changes). Otherwise
-// {0, pttl, replica, reserved}: the lock is held (replica is the holder's)
-// or reserved for another waiting Locker (replica ”, reserved its id); the
-// caller's Locker is queued (or its ticket renewed; its place is kept).
-var acquireScript = redis.NewScript(`
-local cur = redis.call('hmget', KEYS[1], 'owner', 'fence', 'reserved', 'replica')
+// Returns {1, fence} (fence a decimal string) when acquired, also when this
+// very token already holds it (a resend: the TTL is set again, nothing else
+// changes). Otherwise {0, pttl, replica, reserved}: the lock is held
+// (replica is the holder's) or reserved for another waiting Locker (replica
+// ”, reserved its id); the caller's Locker is queued (or its ticket
+// renewed; its place is kept).
+var acquireScript = redis.NewScript(acquireLua)
+
+var acquireLua = scriptText(fenceLua + `
+local cur = redis.call('hmget', KEYS[1], 'owner', 'reserved')
 if cur[1] == ARGV[1] then
   redis.call('pexpire', KEYS[1], ARGV[3])
-  return {1, tonumber(cur[2])}
+  return {1, redis.call('hget', KEYS[1], 'fence')}
 end
-local t = redis.call('time')
-local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
-if cur[1] == false and (cur[3] == false or cur[3] == ARGV[4]) then
-  local fence = nowus
-  local last = tonumber(redis.call('set', KEYS[2], string.format('%.0f', fence), 'get'))
-  if last and last >= fence then
-    fence = last + 1
-    redis.call('set', KEYS[2], string.format('%.0f', fence))
-  end
+local queued = string.byte(ARGV[4]) == 43
+local id
+if cur[2] or queued or (cur[1] and ARGV[4] ~= '0') then
+  id = string.match(ARGV[1], '^(.*):')
+end
+if cur[1] == false and (cur[2] == false or cur[2] == id) then
+  local f = newfence()
   local waiting = false
-  if cur[3] or ARGV[7] == '1' then
-    redis.call('zrem', KEYS[3], ARGV[4])
-    redis.call('zrem', KEYS[4], ARGV[4])
+  if cur[2] or queued then
+    redis.call('zrem', KEYS[3], id)
+    redis.call('zrem', KEYS[4], id)
     waiting = redis.call('zcard', KEYS[3]) > 0
-    if cur[3] then
+    if cur[2] then
       redis.call('del', KEYS[1])
     end
   end
-  local f = string.format('%.0f', fence)
   if waiting then
-    redis.call('hset', KEYS[1], 'owner', ARGV[1], 'replica', ARGV[2], 'holds', 1, 'seq', 0, 'fence', f, 'waiting', '1')
+    redis.call('hset', KEYS[1], 'owner', ARGV[1], 'replica', ARGV[2], 'fence', f, 'waiting', '1')
   else
-    redis.call('hset', KEYS[1], 'owner', ARGV[1], 'replica', ARGV[2], 'holds', 1, 'seq', 0, 'fence', f)
+    redis.call('hset', KEYS[1], 'owner', ARGV[1], 'replica', ARGV[2], 'fence', f)
   end
   redis.call('pexpire', KEYS[1], ARGV[3])
-  return {1, fence}
+  return {1, f}
 end
-if ARGV[5] ~= '0' then
+local ticket = tonumber(ARGV[4])
+if ticket > 0 then
+  local t = redis.call('time')
+  local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local nowms = math.floor(nowus / 1000)
-  redis.call('zadd', KEYS[3], 'NX', nowus, ARGV[4])
-  redis.call('zadd', KEYS[4], nowms + tonumber(ARGV[5]), ARGV[4])
-  redis.call('pexpire', KEYS[3], ARGV[6])
-  redis.call('pexpire', KEYS[4], ARGV[6])
+  redis.call('zadd', KEYS[3], 'NX', nowus, id)
+  redis.call('zadd', KEYS[4], nowms + ticket, id)
+  redis.call('pexpire', KEYS[3], QUEUE_MS)
+  redis.call('pexpire', KEYS[4], QUEUE_MS)
   if cur[1] then
     redis.call('hsetnx', KEYS[1], 'waiting', '1')
   end
 end
-return {0, redis.call('pttl', KEYS[1]), cur[4] or '', cur[3] or ''}
+local replica = ''
+if cur[1] then
+  replica = redis.call('hget', KEYS[1], 'replica') or ''
+end
+return {0, redis.call('pttl', KEYS[1]), replica, cur[2] or ''}
 `)
 
 // holdsScript: KEYS lock; ARGV token, fence, holds, seq. Sets the hold
@@ -136,15 +205,17 @@ return {1, ''}
 
 // releaseScript: KEYS lock, queue, tickets, ended; ARGV token, fence (”:
 // drop whatever term this token holds, leaving no ended marker: the
-// clean-up of a lock nobody holds any more), ended ms, handoff ms, prefix,
-// key. Ends the term: deletes the lock, marks the term ended, and if a
-// contender queued during the term, reserves the lock for the oldest live
-// waiting Locker and wakes it.
+// clean-up of a lock nobody holds any more). Ends the term:
+// deletes the lock, marks the term ended for ENDED_MS, and if a contender
+// queued during the term, reserves the lock for the oldest live waiting
+// Locker and wakes it.
 //
 // Returns {1, Locker id or ”} when this call or an earlier send of it ended
 // the term (the id is whom the lock is now reserved for), {0, ”} when the
 // term no longer holds the lock (nothing is touched).
-var releaseScript = redis.NewScript(handoffLua + `
+var releaseScript = redis.NewScript(releaseLua)
+
+var releaseLua = scriptText(handoffLua + `
 local cur = redis.call('hmget', KEYS[1], 'owner', 'fence', 'waiting')
 if cur[1] ~= ARGV[1] or (ARGV[2] ~= '' and cur[2] ~= ARGV[2]) then
   if ARGV[2] ~= '' and redis.call('get', KEYS[4]) == ARGV[1] then
@@ -153,29 +224,29 @@ if cur[1] ~= ARGV[1] or (ARGV[2] ~= '' and cur[2] ~= ARGV[2]) then
   return {0, ''}
 end
 if ARGV[2] ~= '' then
-  redis.call('set', KEYS[4], ARGV[1], 'px', ARGV[3])
+  redis.call('set', KEYS[4], ARGV[1], 'px', ENDED_MS)
 end
 redis.call('del', KEYS[1])
 if cur[3] then
-  return {1, handoff(KEYS[1], KEYS[2], KEYS[3], ARGV[4], ARGV[5], ARGV[6]) or ''}
+  return {1, handoff(KEYS[1]) or ''}
 end
 return {1, ''}
 `)
 
-// leaveScript: KEYS lock, queue, tickets; ARGV Locker id, handoff ms,
-// prefix, key. The Locker stops waiting for the key: its queue entry goes,
-// and a reservation made for it passes to the next live waiting Locker (or
-// is dropped). Returns the Locker id the lock is now reserved for, or ”.
-var leaveScript = redis.NewScript(handoffLua + `
+// leaveScript: KEYS lock, queue, tickets; ARGV Locker id. The
+// Locker stops waiting for the key: its queue entry goes, and a reservation
+// made for it passes to the next live waiting Locker (or is dropped).
+// Returns the Locker id the lock is now reserved for, or ”.
+var leaveScript = redis.NewScript(scriptText(handoffLua + `
 redis.call('zrem', KEYS[2], ARGV[1])
 redis.call('zrem', KEYS[3], ARGV[1])
 local cur = redis.call('hmget', KEYS[1], 'owner', 'reserved')
 if cur[1] == false and cur[2] == ARGV[1] then
   redis.call('del', KEYS[1])
-  return handoff(KEYS[1], KEYS[2], KEYS[3], ARGV[2], ARGV[3], ARGV[4]) or ''
+  return handoff(KEYS[1]) or ''
 end
 return ''
-`)
+`))
 
 // renewScript: KEYS lock; ARGV token, fence, ttl ms. Returns 1 when the term
 // still holds the lock (its TTL is reset), else 0.
