@@ -72,10 +72,10 @@ type Config struct {
 	// Metrics may be nil.
 	Metrics *Metrics
 
-	// scan picks the batch statement (benchmark comparisons only): "" is
-	// the (reserved_until, msisdn) cursor; "msisdn" (the msisdn cursor of
-	// before migration 00010), "unordered" and "ordered" (by reserved_until,
-	// no cursor) the measured alternatives.
+	// scan forces the batch statement (benchmark comparisons only): "" lets
+	// each sweep choose its walk (see chooseWalk); "expiry" and "msisdn"
+	// force one; "unordered" and "ordered" (by reserved_until, no cursor)
+	// are measured alternatives.
 	scan string
 }
 
@@ -181,8 +181,10 @@ func (k *SweepKind) Open(d owned.Deps) (owned.Worker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Sweeper{db: d.DB, cfg: cfg.withDefaults(), sql: sqlSweepBatch, schedule: d.Config.ReaperSchedule}
+	s := &Sweeper{db: d.DB, cfg: cfg.withDefaults(), schedule: d.Config.ReaperSchedule}
 	switch cfg.scan {
+	case "expiry":
+		s.sql = sqlSweepBatch
 	case "msisdn":
 		s.sql = sqlSweepBatchMsisdn
 	case "unordered":
@@ -196,8 +198,9 @@ func (k *SweepKind) Open(d owned.Deps) (owned.Worker, error) {
 // Sweeper frees stale reservations while the template holds SweepKey.
 // Every replica has one; the lock decides which of them sweeps.
 type Sweeper struct {
-	db       *pgxpool.Pool
-	cfg      Config
+	db  *pgxpool.Pool
+	cfg Config
+	// sql forces the batch statement (benchmarks); "": each sweep chooses.
 	sql      string
 	schedule string
 }
@@ -225,23 +228,27 @@ func (s *Sweeper) Observe(res job.Result) { s.cfg.Metrics.sweep(string(res.Outco
 // sqlSweepBatch frees up to $1 stale reservations after the cursor
 // ($2 reserved_until, $3 msisdn) in one statement (its own transaction) and
 // returns how many it freed and the (reserved_until, msisdn) of the last
-// row it took (the next cursor; null when it took none).
+// row it took (the next cursor; null when it took none). It is the walk by
+// expiry; sqlSweepBatchMsisdn is the walk by msisdn, and chooseWalk picks
+// one per sweep.
 //
 //   - now() is the database's clock: a replica's clock never decides
 //     staleness.
 //   - FOR UPDATE SKIP LOCKED passes over rows that a concurrent Allocate or
 //     Release, or the other worker, holds; the outer state check repeats the
 //     precondition on the locked row version.
-//   - The walk is by expiry over the partial index msisdn_pool_reserved_expiry
-//     (reserved_until, msisdn) where RESERVED: each batch is an index range
-//     scan from the cursor up to now(), so it reads only stale rows and stops
-//     at the first valid hold. The msisdn walk before it (partial index on
-//     msisdn) read the heap tuple of every RESERVED row to test
-//     reserved_until: a tick over 1M valid holds cost the same whether 0 or
-//     10,000 were stale (bench/notes/reaper.md).
+//   - Each batch is a range scan of the partial index
+//     msisdn_pool_reserved_expiry (reserved_until, msisdn) where RESERVED
+//     from the cursor up to now(): it reads only stale rows and stops at
+//     the first valid hold. The walk by msisdn reads the heap tuple of every
+//     RESERVED row to test reserved_until, so a tick over 1M valid holds
+//     cost the same whether 0 or 10,000 were stale (bench/notes/reaper.md).
+//     (A covering index, msisdn include reserved_until, does not help: a
+//     FOR UPDATE scan cannot be index-only.)
 //   - The cursor makes each batch start where the last ended, so no batch
 //     steps again over the index entries (dead until vacuum) of rows freed
-//     before it: without one, measured quadratic over a sweep.
+//     before it: without one, measured quadratic over a sweep. msisdn
+//     breaks ties between holds that expired at the same instant.
 //   - The rows are picked in a materialized CTE so that the cursor can be read
 //     from their old reserved_until (the update's RETURNING sees the new,
 //     null one); the update goes through the primary key with
@@ -265,10 +272,13 @@ last as (
     select reserved_until, msisdn from picked order by reserved_until desc, msisdn desc limit 1)
 select (select count(*) from freed), (select reserved_until from last), (select msisdn from last)`
 
-// sqlSweepBatchMsisdn is the walk before migration 00010: by msisdn from the
-// cursor $3 over msisdn_pool_reserved, testing reserved_until on each row
-// ($2 unused). Benchmark comparison only (BenchmarkReaperTick runs it on a
-// schema with the old indexes).
+// sqlSweepBatchMsisdn is the walk by msisdn: from the cursor $3 over the
+// partial index msisdn_pool_reserved, testing reserved_until on each row's
+// heap tuple ($2 unused). It reads every RESERVED row, stale or not, but
+// its batches are runs of neighbouring rows (msisdn order is the pool's
+// insertion order), so a batch dirties few heap and index pages. A sweep
+// takes it when most reservations are stale (chooseWalk); it was the only
+// walk before migration 00010.
 const sqlSweepBatchMsisdn = `
 with freed as (
     update msisdn_pool
@@ -339,20 +349,19 @@ func (s *Sweeper) Run(ctx context.Context, run *owned.Run, p owned.Params) (owne
 	// the adapter's own conservative deadline (request sent + TTL - margin),
 	// and SafetyMargin keeps the last batch well inside it.
 	deadline := run.Acquired().Add(s.cfg.Lease - s.cfg.SafetyMargin)
-	counted := s.countStale(ctx, run)
-	fr := s.free(ctx, run, deadline, workers)
-	<-counted
+	sql, walk := s.chooseWalk(ctx, run)
+	fr := s.free(ctx, run, deadline, workers, sql)
 	counts := map[string]int64{"freed": fr.freed, "batches": fr.batches, "workers": int64(workers), "deadline_reached": 0}
 	if fr.reason == stopDeadline {
 		counts["deadline_reached"] = 1
 	}
 	took := time.Since(run.Acquired())
 	s.cfg.Metrics.owned(took, fr.reason == stopDeadline, fr.reason == stopDrained || fr.reason == stopDeadline)
-	rep := owned.Report{Counts: counts, Data: map[string]any{"stopped": fr.reason}}
+	rep := owned.Report{Counts: counts, Data: map[string]any{"stopped": fr.reason, "walk": walk}}
 	log := run.Log()
 	switch fr.reason {
 	case stopDrained, stopDeadline:
-		log.Info("sweep_completed", "freed", fr.freed, "batches", fr.batches, "stopped", fr.reason, "took", took)
+		log.Info("sweep_completed", "freed", fr.freed, "batches", fr.batches, "stopped", fr.reason, "walk", walk, "took", took)
 		return rep, nil
 	case stopLeaseLost, stopShutdown:
 		log.Warn("sweep_stopped", "reason", fr.reason, "freed", fr.freed, "batches", fr.batches)
@@ -369,7 +378,7 @@ type freeRun struct {
 }
 
 // free runs the batch workers until the sweep must stop, and says why.
-func (s *Sweeper) free(ctx context.Context, run *owned.Run, deadline time.Time, workers int) freeRun {
+func (s *Sweeper) free(ctx context.Context, run *owned.Run, deadline time.Time, workers int, sql string) freeRun {
 	lease := run.Lease()
 	var (
 		freed, batches atomic.Int64
@@ -432,7 +441,7 @@ func (s *Sweeper) free(ctx context.Context, run *owned.Run, deadline time.Time, 
 					lastMsisdn pgtype.Text
 				)
 				bctx, span := run.StartSpan(batchCtx, "msisdn-reaper.batch")
-				if err := s.db.QueryRow(bctx, s.sql, s.cfg.BatchSize, from.untilArg(), from.msisdn).Scan(&n, &lastUntil, &lastMsisdn); err != nil {
+				if err := s.db.QueryRow(bctx, sql, s.cfg.BatchSize, from.untilArg(), from.msisdn).Scan(&n, &lastUntil, &lastMsisdn); err != nil {
 					span.SetStatus(codes.Error, err.Error())
 					span.End()
 					stop(stopError, fmt.Errorf("msisdnreaper: sweep batch: %w", err))
@@ -495,28 +504,55 @@ func (c sweepCursor) furthest(o sweepCursor) sweepCursor {
 	return c
 }
 
-// sqlCountStale counts the stale reservations a sweep starts with
-// (on msisdn_pool_reserved_expiry, by the database's clock).
+// sqlCountStale counts the stale reservations a sweep starts with (an
+// index range scan of msisdn_pool_reserved_expiry up to now(), by the
+// database's clock: O(stale)) and reads Postgres's estimate of all RESERVED
+// rows, the entries of that partial index as of its last VACUUM or ANALYZE
+// (-1: unknown).
 const sqlCountStale = `
-select count(*) from msisdn_pool where state = 'RESERVED' and reserved_until < now()`
+select count(*),
+       coalesce((select reltuples::bigint from pg_class where oid = to_regclass('msisdn_pool_reserved_expiry')), -1)
+  from msisdn_pool where state = 'RESERVED' and reserved_until < now()`
 
-// countStale gives the sweep's progress its total, in batches, counted
-// beside the first batches; the returned channel closes when it is done.
-func (s *Sweeper) countStale(ctx context.Context, run *owned.Run) <-chan struct{} {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		var n int64
-		if err := s.db.QueryRow(ctx, sqlCountStale).Scan(&n); err != nil {
-			if ctx.Err() == nil {
-				run.Log().Warn("sweep_count_failed", "error", err)
-			}
-			return
+// Walks of a sweep (the "walk" of its report and log line).
+const (
+	walkExpiry = "expiry"
+	walkMsisdn = "msisdn"
+)
+
+// msisdnWalkShare is the share of RESERVED rows that must be stale for a
+// sweep to walk by msisdn rather than by expiry. Below it, the walk by
+// expiry reads only the stale rows; above it, the walk by msisdn wastes few
+// reads on valid holds and its batches of neighbouring rows dirty far fewer
+// pages than batches of rows scattered by expiry (the walks crossed between
+// 5% and 10% in bench/notes/reaper.md).
+const msisdnWalkShare = 0.075
+
+// chooseWalk counts the stale reservations (the progress total, in batches)
+// and picks the sweep's batch statement: by expiry when few of the RESERVED
+// rows are stale (an idle tick reads nothing but the first valid hold's
+// index entry), by msisdn when most are. When the count fails or the
+// estimate is unknown, it walks by expiry, which is never worse than
+// O(stale) reads.
+func (s *Sweeper) chooseWalk(ctx context.Context, run *owned.Run) (sql, walk string) {
+	var stale, reserved int64
+	err := s.db.QueryRow(ctx, sqlCountStale).Scan(&stale, &reserved)
+	if err != nil {
+		if ctx.Err() == nil {
+			run.Log().Warn("sweep_count_failed", "error", err)
 		}
+		stale, reserved = 0, -1
+	} else {
 		size := int64(s.cfg.BatchSize)
-		run.SetTotal(max((n+size-1)/size, 1)) // an empty pool still takes one batch to find out
-	}()
-	return done
+		run.SetTotal(max((stale+size-1)/size, 1)) // an empty pool still takes one batch to find out
+	}
+	if s.sql != "" {
+		return s.sql, s.cfg.scan
+	}
+	if reserved > 0 && float64(stale) >= msisdnWalkShare*float64(reserved) {
+		return sqlSweepBatchMsisdn, walkMsisdn
+	}
+	return sqlSweepBatch, walkExpiry
 }
 
 // stopReason tells shutdown (the caller's context ended) from a lost lease

@@ -110,31 +110,64 @@ func TestSweepFreesOnlyStaleReservations(t *testing.T) {
 	nilMetrics.owned(time.Millisecond, true, true)
 }
 
-// The walk by expiry breaks ties on msisdn: stale holds that share one
-// reserved_until, more than a batch of them, are all freed in one sweep
-// (a cursor on reserved_until alone would skip the rest of a batch's
-// expiry), with one worker and with workers sharing the cursor.
+// Both walks free every stale hold and nothing else, also when holds
+// share one reserved_until across batch boundaries: the walk by expiry
+// breaks ties on msisdn (a cursor on reserved_until alone would skip the
+// rest of a batch's expiry), with one worker and with workers sharing the
+// cursor.
 func TestSweepFreesHoldsThatExpiredAtTheSameInstant(t *testing.T) {
 	t.Parallel()
-	for _, workers := range []int{1, 3} {
-		t.Run(fmt.Sprintf("workers=%d", workers), func(t *testing.T) {
+	for _, scan := range []string{"expiry", "msisdn"} {
+		for _, workers := range []int{1, 3} {
+			t.Run(fmt.Sprintf("walk=%s/workers=%d", scan, workers), func(t *testing.T) {
+				t.Parallel()
+				ctx := context.Background()
+				pg := testenv.Postgres(t)
+				_, err := Seed(ctx, pg.Pool, SeedSpec{StaleReserved: 95, ValidReserved: 20, Free: 10})
+				require.NoError(t, err)
+				// Three expiry instants, 30 + 30 + 35 holds each.
+				_, err = pg.Pool.Exec(ctx, `update msisdn_pool
+					set reserved_until = date_trunc('second', now()) - interval '1 hour' * (1 + msisdn::bigint % 3)
+					where state = 'RESERVED' and reserved_until < now()`)
+				require.NoError(t, err)
+				check := snapshotKept(t, pg)
+				rec := &events.Recorder{}
+				s := NewTestSweeper(pg.Pool, memLocker(t, "replica-a", time.Second), rec,
+					Config{BatchSize: 10, Workers: workers, scan: scan})
+				res := s.Sweep(ctx, cliTrigger)
+				require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
+				require.Equal(t, int64(95), res.Counts["freed"])
+				require.Equal(t, scan, rec.OfType(events.RunCompleted)[0].Extra["walk"])
+				check(0)
+			})
+		}
+	}
+}
+
+// A sweep walks by expiry when few RESERVED rows are stale, by msisdn when
+// many are (msisdnWalkShare of Postgres's estimate of RESERVED rows).
+func TestSweepChoosesItsWalkByTheShareOfStaleHolds(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		stale, valid int
+		walk         string
+	}{
+		{stale: 20, valid: 980, walk: walkExpiry},
+		{stale: 0, valid: 1000, walk: walkExpiry},
+		{stale: 600, valid: 400, walk: walkMsisdn},
+	} {
+		t.Run(fmt.Sprintf("stale=%d/valid=%d", c.stale, c.valid), func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			pg := testenv.Postgres(t)
-			_, err := Seed(ctx, pg.Pool, SeedSpec{StaleReserved: 95, ValidReserved: 20, Free: 10})
+			_, err := Seed(ctx, pg.Pool, SeedSpec{StaleReserved: c.stale, ValidReserved: c.valid})
 			require.NoError(t, err)
-			// Three expiry instants, 30 + 30 + 35 holds each.
-			_, err = pg.Pool.Exec(ctx, `update msisdn_pool
-				set reserved_until = date_trunc('second', now()) - interval '1 hour' * (1 + msisdn::bigint % 3)
-				where state = 'RESERVED' and reserved_until < now()`)
-			require.NoError(t, err)
-			check := snapshotKept(t, pg)
-			s := NewTestSweeper(pg.Pool, memLocker(t, "replica-a", time.Second), events.Multi{},
-				Config{BatchSize: 10, Workers: workers})
+			rec := &events.Recorder{}
+			s := NewTestSweeper(pg.Pool, memLocker(t, "replica-a", time.Second), rec, Config{BatchSize: 100})
 			res := s.Sweep(ctx, cliTrigger)
 			require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
-			require.Equal(t, int64(95), res.Counts["freed"])
-			check(0)
+			require.Equal(t, int64(c.stale), res.Counts["freed"])
+			require.Equal(t, c.walk, rec.OfType(events.RunCompleted)[0].Extra["walk"])
 		})
 	}
 }
