@@ -308,12 +308,12 @@ func barePair(l *Locker, c redis.Scripter, before18 bool) func(key string) error
 			return before18ReleaseScript.Run(ctx, c, []string{l.lockKey(key), queue, tickets, l.endedKey(key, fence)},
 				tok, fence, endedMS, handoffMS, l.cfg.Prefix, key).Err()
 		}
-		res, err := acquireScript.Run(ctx, c, []string{l.lockKey(key), l.fenceKey(key), queue, tickets},
-			tok, "bench", 30000, "0").Slice()
+		f, err := acquireScript.Run(ctx, c, []string{l.lockKey(key), l.fenceKey(key), queue, tickets},
+			tok, "bench", 30000, "0").Text()
 		if err != nil {
 			return err
 		}
-		fence, err := fenceOf(res[1])
+		fence, err := fenceOf(f)
 		if err != nil {
 			return err
 		}
@@ -339,12 +339,12 @@ func functionPair(b *testing.B, l *Locker, c redis.UniversalClient) func(key str
 	return func(key string) error {
 		queue, tickets := l.queueKeys(key)
 		tok := "fcall:" + strconv.FormatInt(seq.Add(1), 10)
-		res, err := c.FCall(ctx, "bench_acquire", []string{l.lockKey(key), l.fenceKey(key), queue, tickets},
-			tok, "bench", 30000, "0").Slice()
+		f, err := c.FCall(ctx, "bench_acquire", []string{l.lockKey(key), l.fenceKey(key), queue, tickets},
+			tok, "bench", 30000, "0").Text()
 		if err != nil {
 			return err
 		}
-		fence, err := fenceOf(res[1])
+		fence, err := fenceOf(f)
 		if err != nil {
 			return err
 		}

@@ -358,16 +358,8 @@ func (l *Locker) runAcquire(ctx context.Context, deadline time.Time, key, token 
 	if err != nil {
 		return acquireResult{}, err
 	}
-	vals, err := cmd.Slice()
-	if err != nil {
-		return acquireResult{}, err
-	}
-	if len(vals) < 2 {
-		return acquireResult{}, fmt.Errorf("redislock: acquire script returned %v", vals)
-	}
-	flag, _ := vals[0].(int64)
-	if flag == 1 {
-		fence, err := fenceOf(vals[1])
+	if f, ok := cmd.Val().(string); ok {
+		fence, err := fenceOf(f)
 		if err != nil {
 			return acquireResult{}, err
 		}
@@ -375,6 +367,13 @@ func (l *Locker) runAcquire(ctx context.Context, deadline time.Time, key, token 
 			return acquireResult{}, acked // the caller deletes the unreplicated lock
 		}
 		return acquireResult{acquired: true, fence: fence}, nil
+	}
+	vals, err := cmd.Slice()
+	if err != nil {
+		return acquireResult{}, err
+	}
+	if len(vals) < 2 {
+		return acquireResult{}, fmt.Errorf("redislock: acquire script returned %v", vals)
 	}
 	n, _ := vals[1].(int64)
 	r := acquireResult{pttl: n, queued: ticket > 0}
@@ -385,19 +384,13 @@ func (l *Locker) runAcquire(ctx context.Context, deadline time.Time, key, token 
 	return r, nil
 }
 
-// fenceOf reads the fence an acquire returned: a decimal string (an
-// integer reply from scripts of earlier versions).
-func fenceOf(v any) (int64, error) {
-	switch f := v.(type) {
-	case int64:
-		return f, nil
-	case string:
-		n, err := strconv.ParseInt(f, 10, 64)
-		if err == nil && n > 0 {
-			return n, nil
-		}
+// fenceOf reads the fence an acquire returned (a decimal string).
+func fenceOf(f string) (int64, error) {
+	n, err := strconv.ParseInt(f, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("redislock: acquire script returned fence %q", f)
 	}
-	return 0, fmt.Errorf("redislock: acquire script returned fence %v", v)
+	return n, nil
 }
 
 func later(a, b time.Time) time.Time {
@@ -585,16 +578,18 @@ func (l *Locker) runRelease(ctx context.Context, key, token string, fence int64)
 	if fence != 0 {
 		f = strconv.FormatInt(fence, 10)
 	}
-	vals, err := releaseScript.Run(ctx, l.client, []string{l.lockKey(key), queue, tickets, l.endedKey(key, fence)},
-		token, f).Slice()
+	res, err := releaseScript.Run(ctx, l.client, []string{l.lockKey(key), queue, tickets, l.endedKey(key, fence)},
+		token, f).Result()
 	if err != nil {
 		return false, err
 	}
-	if len(vals) < 2 {
-		return false, fmt.Errorf("redislock: release script returned %v", vals)
+	switch r := res.(type) {
+	case int64:
+		return r == 1, nil
+	case string: // ended, and handed off to the Locker r
+		return true, nil
 	}
-	flag, _ := vals[0].(int64)
-	return flag == 1, nil
+	return false, fmt.Errorf("redislock: release script returned %v", res)
 }
 
 // cleanup deletes token's lock on key after delay, best effort, in the

@@ -129,8 +129,8 @@ end
 // when this Locker may have a queue entry. The Locker id is the token up to
 // its last ':'. The queue keys' PTTL is QUEUE_MS (at least any ticket).
 //
-// Returns {1, fence} (fence a decimal string) when acquired, also when this
-// very token already holds it (a resend: the TTL is set again, nothing else
+// Returns the fence (a decimal string, not a table: cheaper to build and to
+// send) when acquired, also when this very token already holds it (a resend: the TTL is set again, nothing else
 // changes). Otherwise {0, pttl, replica, reserved}: the lock is held
 // (replica is the holder's) or reserved for another waiting Locker (replica
 // ”, reserved its id); the caller's Locker is queued (or its ticket
@@ -141,7 +141,7 @@ var acquireLua = scriptText(fenceLua + `
 local cur = redis.call('hmget', KEYS[1], 'owner', 'reserved')
 if cur[1] == ARGV[1] then
   redis.call('pexpire', KEYS[1], ARGV[3])
-  return {1, redis.call('hget', KEYS[1], 'fence')}
+  return redis.call('hget', KEYS[1], 'fence')
 end
 local queued = string.byte(ARGV[4]) == 43
 local id
@@ -165,7 +165,7 @@ if cur[1] == false and (cur[2] == false or cur[2] == id) then
     redis.call('hset', KEYS[1], 'owner', ARGV[1], 'replica', ARGV[2], 'fence', f)
   end
   redis.call('pexpire', KEYS[1], ARGV[3])
-  return {1, f}
+  return f
 end
 local ticket = tonumber(ARGV[4])
 if ticket > 0 then
@@ -210,27 +210,27 @@ return {1, ''}
 // queued during the term, reserves the lock for the oldest live waiting
 // Locker and wakes it.
 //
-// Returns {1, Locker id or ”} when this call or an earlier send of it ended
-// the term (the id is whom the lock is now reserved for), {0, ”} when the
-// term no longer holds the lock (nothing is touched).
+// Returns 1 when this call or an earlier send of it ended the term (or the
+// Locker id the lock is now reserved for, when this call handed it off), 0
+// when the term no longer holds the lock (nothing is touched).
 var releaseScript = redis.NewScript(releaseLua)
 
 var releaseLua = scriptText(handoffLua + `
 local cur = redis.call('hmget', KEYS[1], 'owner', 'fence', 'waiting')
 if cur[1] ~= ARGV[1] or (ARGV[2] ~= '' and cur[2] ~= ARGV[2]) then
   if ARGV[2] ~= '' and redis.call('get', KEYS[4]) == ARGV[1] then
-    return {1, ''}
+    return 1
   end
-  return {0, ''}
+  return 0
 end
 if ARGV[2] ~= '' then
   redis.call('set', KEYS[4], ARGV[1], 'px', ENDED_MS)
 end
 redis.call('del', KEYS[1])
 if cur[3] then
-  return {1, handoff(KEYS[1]) or ''}
+  return handoff(KEYS[1]) or 1
 end
-return {1, ''}
+return 1
 `)
 
 // leaveScript: KEYS lock, queue, tickets; ARGV Locker id. The
