@@ -130,8 +130,9 @@ end
 // its last ':'. The queue keys' PTTL is QUEUE_MS (at least any ticket).
 //
 // Returns the fence (a decimal string, not a table: cheaper to build and to
-// send) when acquired, also when this very token already holds it (a resend: the TTL is set again, nothing else
-// changes). Otherwise {0, pttl, replica, reserved}: the lock is held
+// send) when acquired, also when this very token already holds it (a
+// resend: the TTL is set again, nothing else changes). Otherwise
+// {0, pttl, replica, reserved}: the lock is held
 // (replica is the holder's) or reserved for another waiting Locker (replica
 // ”, reserved its id); the caller's Locker is queued (or its ticket
 // renewed; its place is kept).
