@@ -55,7 +55,8 @@ the environment without the coordinator's secrets (COORDINATOR_* variables
 naming a URL, DSN, PASSWORD, TOKEN, SECRET, CREDENTIAL or a *_KEY_FILE).
 Exit: CMD's own code (128+N if killed by signal N); 75 already owned; 69 lock
 backend unavailable; 76 lease lost or ending while CMD ran; 64 bad usage;
-1 CMD could not be started.`
+1 CMD could not be started; 128+N signal N while waiting for the lock (CMD
+did not run).`
 
 // defaultGrace is --grace when not given, if the lease leaves room for it.
 const defaultGrace = 10 * time.Second
@@ -251,6 +252,10 @@ func runLock(ctx context.Context, cio cliIO, args []string) int {
 	close(acquiring)
 	watch.Wait()
 	switch {
+	case err != nil && early != nil:
+		// Not "already owned": nobody else is known to have run the work.
+		fmt.Fprintf(cio.stderr, "coordinator lock: %s while waiting for the lock; the command did not run\n", early)
+		return 128 + int(early.(syscall.Signal))
 	case errors.Is(err, ownership.ErrAlreadyOwned):
 		fmt.Fprintf(cio.stderr, "coordinator lock: %v\n", err)
 		return job.ExitAlreadyOwned

@@ -579,3 +579,26 @@ func TestLockGraceFit(t *testing.T) {
 		require.Equal(t, c.want, got, c.name)
 	}
 }
+
+// A signal while the coordinator waits for the lock ends the wait: the
+// command never runs, and the exit status is the signal's (128+N), not
+// "already owned" (75), which would tell a caller that another holder ran
+// the work.
+func TestLockSignalWhileWaitingExitsWithTheSignal(t *testing.T) {
+	t.Parallel()
+	e := newLockCLIEnv(t)
+	held := e.holder(t, "cli/waitsig")
+	marker := filepath.Join(t.TempDir(), "ran")
+	p := startLock(t, e.vars, "--key", "cli/waitsig", "--wait", "60s", "--", "touch", marker)
+	queue := e.redis.Prefix + ":{cli/waitsig}:queue"
+	require.Eventually(t, func() bool {
+		n, err := e.redis.Client.ZCard(context.Background(), queue).Result()
+		return err == nil && n == 1
+	}, 20*time.Second, 10*time.Millisecond, "the coordinator queued for the lock")
+	p.signal(syscall.SIGTERM)
+	code, _, errs := p.wait(20 * time.Second)
+	require.Equal(t, 128+int(syscall.SIGTERM), code, errs)
+	require.NoFileExists(t, marker, "the command must not run")
+	require.NoError(t, held.Err(), "the holder's lock is untouched")
+	require.True(t, e.exists(t, "cli/waitsig"))
+}
