@@ -602,3 +602,40 @@ func TestLockSignalWhileWaitingExitsWithTheSignal(t *testing.T) {
 	require.NoError(t, held.Err(), "the holder's lock is untouched")
 	require.True(t, e.exists(t, "cli/waitsig"))
 }
+
+// Renewals that reach the master but no replica (Redis WAIT, replicas
+// required) do not count: the lease's trust deadline stays where the last
+// acknowledged renewal put it, though the master's TTL keeps being reset.
+// The command must still be terminated as the lease runs out, SIGTERM and
+// then SIGKILL a kill margin before the trust deadline, not be SIGKILLed
+// without warning once the lease is already lost.
+func TestLockTerminatesInTimeWhenRenewalsAreNotReplicated(t *testing.T) {
+	t.Parallel()
+	set := testenv.StartRedisSentinelSet(t)
+	vars := map[string]string{
+		"COORDINATOR_LOCK_REDIS_URL":          set.URL(),
+		"COORDINATOR_LOCK_REDIS_MODE":         "sentinel",
+		"COORDINATOR_LOCK_REDIS_WAIT_TIMEOUT": "500ms",
+		"COORDINATOR_LOCK_KEY_PREFIX":         "unrepl",
+		"COORDINATOR_REPLICA_ID":              "cli-test",
+		"COORDINATOR_LOCK_WATCHDOG_TIMEOUT":   "6s",
+		"COORDINATOR_LOG_LEVEL":               "warn",
+	}
+	dir := t.TempDir()
+	ready, sigs := filepath.Join(dir, "ready"), filepath.Join(dir, "signals")
+	noOrphans(t, ready)
+	p := startLock(t, vars, append([]string{"--key", "cli/unrepl", "--grace", "1s", "--"},
+		helperArgv(t, "tree", "-ready", ready, "-signals", sigs, "-ignore-term")...)...)
+	pids := treePids(t, ready)
+	set.Replica.Pause()
+	t.Cleanup(set.Replica.Resume)
+
+	code, _, errs := p.wait(60 * time.Second)
+	require.Equal(t, job.ExitLost, code, errs)
+	require.Equal(t, []string{"root SIGTERM"}, signalLines(sigs),
+		"SIGTERM a grace before the lease could end, not SIGKILL out of the blue once it was lost:\n%s", errs)
+	require.NotContains(t, errs, "lock_lost_killing_command", "killed only after the lease was already lost")
+	for role, pid := range pids {
+		require.False(t, alive(t, pid), "%s is dead", role)
+	}
+}
