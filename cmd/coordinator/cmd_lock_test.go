@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"net/url"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -638,4 +640,45 @@ func TestLockTerminatesInTimeWhenRenewalsAreNotReplicated(t *testing.T) {
 	for role, pid := range pids {
 		require.False(t, alive(t, pid), "%s is dead", role)
 	}
+}
+
+// lockACLUser creates docs/security.md's minimal Redis user for the test's
+// prefix (the rule with the user name, password and prefix replaced) and
+// returns its URL; the user is removed when the test ends.
+func lockACLUser(t *testing.T, e *lockCLIEnv) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "security.md"))
+	require.NoError(t, err)
+	m := regexp.MustCompile("(?s)<!-- redis-acl:begin -->\\s*```\\s*(ACL SETUSER [^\\n]+)\\s*```\\s*<!-- redis-acl:end -->").FindSubmatch(b)
+	require.NotNil(t, m, "docs/security.md: no ACL SETUSER rule between the redis-acl markers")
+	user, password := testenv.UniqueName("acl"), testenv.UniqueName("pw")
+	rule := strings.ReplaceAll(string(m[1]), "coordinator:", e.redis.Prefix+":")
+	rule = strings.Replace(rule, "ACL SETUSER coordinator ", "ACL SETUSER "+user+" ", 1)
+	rule = strings.Replace(rule, ">PASSWORD", ">"+password, 1)
+	var args []any
+	for _, f := range strings.Fields(rule) {
+		args = append(args, f)
+	}
+	ctx := context.Background()
+	require.NoError(t, e.redis.Client.Do(ctx, args...).Err(), "%s", rule)
+	t.Cleanup(func() { e.redis.Client.Do(context.Background(), "ACL", "DELUSER", user) })
+	u, err := url.Parse(e.redis.URL)
+	require.NoError(t, err)
+	u.User = url.UserPassword(user, password)
+	return u.String()
+}
+
+// Under the minimal ACL of docs/security.md, a command holding a watchdog
+// lease whose renewals succeed runs to its end: the coordinator's check of
+// the lock's TTL on Redis must work under that ACL too, or its termination
+// clock never moves past the acquisition's own trust deadline.
+func TestLockUnderTheMinimalACLKeepsAHealthyWatchdogLease(t *testing.T) {
+	t.Parallel()
+	e := newLockCLIEnv(t)
+	vars := e.with("COORDINATOR_LOCK_REDIS_URL", lockACLUser(t, e), "COORDINATOR_LOCK_WATCHDOG_TIMEOUT", "3s")
+	// Twice the TTL: the command outlives the acquisition's trust deadline
+	// by far, on renewals alone.
+	code, _, errs := startLock(t, vars, "--key", "cli/acl", "--grace", "500ms", "--", "sleep", "6").wait(60 * time.Second)
+	require.Equal(t, 0, code, "the command was terminated though its lease was renewed:\n%s", errs)
+	require.False(t, e.exists(t, "cli/acl"), "released")
 }
