@@ -434,6 +434,11 @@ func (l *Locker) reenter(ctx context.Context, t *ownership.Term) (ownership.Leas
 	if ok {
 		return t.Hold(), nil
 	}
+	if t.Holds() == 0 {
+		// Another goroutine released the last hold meanwhile, and its
+		// delete came first: the lease ended released, not lost.
+		return nil, ownership.AlreadyOwned(t.Key(), owner, ownership.ErrReleased)
+	}
 	l.lose(t, "reentry found the lock gone", false)
 	return nil, ownership.AlreadyOwned(t.Key(), owner, ownership.ErrLeaseLost)
 }

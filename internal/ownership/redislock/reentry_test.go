@@ -105,3 +105,43 @@ func TestConcurrentReleasesOfReentrantHolds(t *testing.T) {
 	_, err = env.Client.HGet(ctx, env.Prefix+":{shared}:lock", "owner").Result()
 	require.ErrorIs(t, err, redis.Nil, "the lock is gone")
 }
+
+// A goroutine reenters a lease through its context while the owner releases
+// the last hold: the release's delete reaches Redis first, and the reentry
+// finds no lock. The reentry fails, but the lease ended released, as its
+// owner released it: it was not lost.
+func TestReentryRacingTheLastRelease(t *testing.T) {
+	t.Parallel()
+	env := testenv.Redis(t)
+	ctx := context.Background()
+	client, err := redislock.NewClient(env.URL, redislock.ModeSingle)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = client.Close() })
+	h := &orderHook{before: map[string]func(){}, after: map[string]func(){}}
+	client.AddHook(h)
+	l, err := redislock.New(client, redislock.Config{Prefix: env.Prefix, Owner: "a", WatchdogTimeout: 30 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+
+	outer, err := l.Acquire(ctx, "racing", 0)
+	require.NoError(t, err)
+	reentering, releaseRan, reentryDone := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	h.before["holds"] = func() { close(reentering); <-releaseRan }
+	h.after["release"] = func() {
+		close(releaseRan)
+		select {
+		case <-reentryDone:
+		case <-time.After(10 * time.Second):
+		}
+	}
+	reentryErr := make(chan error, 1)
+	go func() {
+		_, err := l.Acquire(outer.Context(), "racing", 0)
+		reentryErr <- err
+		close(reentryDone)
+	}()
+	<-reentering
+	require.NoError(t, outer.Release(ctx))
+	require.Error(t, <-reentryErr, "reentered a lease its owner released")
+	require.ErrorIs(t, outer.Err(), ownership.ErrReleased, "a lease its owner released ended lost")
+}
