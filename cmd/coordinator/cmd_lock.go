@@ -34,7 +34,7 @@ releases the lock only when CMD and every process it started are gone.
   --key    lock key (required; 1-200 of A-Z a-z 0-9 . _ : / -)
   --lease  explicit lease (the lock hard-expires after it); default 0 = watchdog lease
            (TTL COORDINATOR_LOCK_WATCHDOG_TIMEOUT, renewed while CMD runs)
-  --wait   max time to wait for the lock; default COORDINATOR_LOCK_WAIT_TIME
+  --wait   max time to wait for the lock (0: one try, as flock -n); default COORDINATOR_LOCK_WAIT_TIME
   --grace  time between SIGTERM and SIGKILL when CMD must stop; default 10s, or the
            most that fits: CMD is always dead before the lock can expire, so
            SIGTERM goes out grace + a kill margin before the lease's trust deadline

@@ -682,3 +682,33 @@ func TestLockUnderTheMinimalACLKeepsAHealthyWatchdogLease(t *testing.T) {
 	require.Equal(t, 0, code, "the command was terminated though its lease was renewed:\n%s", errs)
 	require.False(t, e.exists(t, "cli/acl"), "released")
 }
+
+// --wait 0 (or COORDINATOR_LOCK_WAIT_TIME=0) is "do not wait", as flock -n:
+// one try, then exit 75; not the Lockers' default wait of 5s.
+func TestLockWaitZeroTriesOnce(t *testing.T) {
+	t.Parallel()
+	e := newLockCLIEnv(t)
+	e.holder(t, "cli/nowait")
+	coordinatorBinary(t) // built before the clock starts
+	for _, c := range []struct {
+		name string
+		vars map[string]string
+		args []string
+	}{
+		{"flag", e.vars, []string{"--wait", "0"}},
+		{"variable", e.with("COORDINATOR_LOCK_WAIT_TIME", "0"), nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			marker := filepath.Join(t.TempDir(), "ran")
+			args := append(append([]string{"--key", "cli/nowait"}, c.args...), "--", "touch", marker)
+			start := time.Now()
+			code, _, errs := startLock(t, c.vars, args...).wait(30 * time.Second)
+			took := time.Since(start)
+			require.Equal(t, job.ExitAlreadyOwned, code, errs)
+			require.NoFileExists(t, marker)
+			// The bound is the behaviour under test: a 5s wait would take
+			// longer, one try (and the process's start) far less.
+			require.Less(t, took, 4*time.Second, "waited for the lock")
+		})
+	}
+}

@@ -30,7 +30,7 @@ func openLocker(ctx context.Context, cfg config.Config, log *slog.Logger, reg pr
 			"detail", "COORDINATOR_LOCK_ENABLED=false: in-memory locker, NO exclusion across replicas; run exactly one replica",
 			"owner", cfg.ReplicaID)
 		return ownership.NewMemoryLocker(ownership.MemoryConfig{
-			Owner: cfg.ReplicaID, WaitTime: cfg.LockWaitTime, WatchdogTimeout: cfg.LockWatchdogTimeout, Metrics: metrics,
+			Owner: cfg.ReplicaID, WaitTime: lockerWait(cfg.LockWaitTime), WatchdogTimeout: cfg.LockWatchdogTimeout, Metrics: metrics,
 		}), nil
 	}
 	opts, err := redisOptions(cfg)
@@ -39,7 +39,7 @@ func openLocker(ctx context.Context, cfg config.Config, log *slog.Logger, reg pr
 	}
 	client := redis.NewUniversalClient(opts)
 	l, err := redislock.New(client, redislock.Config{
-		Prefix: cfg.LockKeyPrefix, Owner: cfg.ReplicaID, WaitTime: cfg.LockWaitTime,
+		Prefix: cfg.LockKeyPrefix, Owner: cfg.ReplicaID, WaitTime: lockerWait(cfg.LockWaitTime),
 		WatchdogTimeout: cfg.LockWatchdogTimeout, Logger: log, Metrics: metrics,
 		WaitReplicas: cfg.LockWaitReplicas, ReplicaTimeout: cfg.LockWaitReplicasTimeout,
 	})
@@ -60,6 +60,17 @@ func openLocker(ctx context.Context, cfg config.Config, log *slog.Logger, reg pr
 		log.Warn("lock_backend_unreachable", "mode", cfg.LockRedisMode, "error", err)
 	}
 	return &clientLocker{Locker: l, client: client}, nil
+}
+
+// lockerWait is the Lockers' WaitTime for COORDINATOR_LOCK_WAIT_TIME (or
+// lock's --wait). Zero there means do not wait: one try. A Locker takes a
+// zero WaitTime for its default (5s), so it gets the shortest wait instead,
+// which still makes its one try.
+func lockerWait(d time.Duration) time.Duration {
+	if d == 0 {
+		return time.Nanosecond
+	}
+	return d
 }
 
 // redisOptions are the go-redis options of the lock backend: the URL
