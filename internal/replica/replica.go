@@ -513,7 +513,7 @@ func (r *Replica) startConsumer(ctx context.Context) error {
 		return err
 	}
 	kcfg := trigger.KafkaConfig{Brokers: r.cfg.KafkaBrokers, Group: r.cfg.KafkaGroup, Kinds: r.rc.Kinds, Topics: r.names,
-		Replica: r.cfg.ReplicaID, DrainTimeout: r.cfg.ShutdownTimeout, ClientOpts: opts, Tracing: r.rc.Telemetry.Kafka(r.cfg.KafkaGroup)}
+		Replica: r.cfg.ReplicaID, DrainTimeout: r.cfg.ShutdownTimeout, MaxDecompressBatchBytes: r.cfg.KafkaMaxDecompressedBatchBytes, ClientOpts: opts, Tracing: r.rc.Telemetry.Kafka(r.cfg.KafkaGroup)}
 	consumer, err := trigger.NewKafkaConsumer(kcfg, r.disp, r.emit, r.log, r.tm)
 	if err != nil {
 		return err

@@ -29,9 +29,19 @@
 //
 //   - Bad input: the record is copied to coordinator.triggers.dlq (original
 //     key, value and headers, plus reason, reason-detail, source-topic,
-//     source-partition, source-offset), a trigger.rejected event is emitted,
-//     the offset is committed and the next record is processed. If the DLQ
-//     cannot be written, the record is retried like an unavailable one.
+//     source-partition, source-offset, value-size, value-sha256,
+//     value-truncated), a trigger.rejected event is emitted, the offset is
+//     committed and the next record is processed. The copy is bounded
+//     whatever the record's size (the first 64 KiB of the value, 4 KiB of
+//     the key, headers up to 64 KiB), so it never exceeds the producer's
+//     record limit. If the DLQ cannot be written (ACLs, topic missing), the
+//     record is retried like an unavailable one and
+//     coordinator_trigger_dlq_write_failures_total counts the failures.
+//   - A compressed batch that would decompress past MaxDecompressBatchBytes
+//     (franz-go's ErrDecompressTooLarge, which stops the partition): the
+//     records before it are handled, then the batch's coordinates go to the
+//     DLQ (reason batch_too_large, no key or value), its last offset is
+//     committed, and fetching resumes after it (SetOffsets).
 //   - Lock backend unavailable (or ownership lost mid-run): the job emits
 //     ownership.unavailable (ownership.lost); the offset is not committed; the
 //     worker retries the same record with exponential backoff

@@ -14,6 +14,7 @@ type Metrics struct {
 	outcomes *prometheus.CounterVec
 	rejected *prometheus.CounterVec
 	retries  *prometheus.CounterVec
+	dlqFails *prometheus.CounterVec
 	lag      *prometheus.GaugeVec
 	running  prometheus.Gauge
 }
@@ -28,6 +29,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "coordinator_trigger_retries_total",
 			Help: "Kafka trigger records retried because they were not handled (lock backend unavailable, ownership lost, DLQ unreachable)."},
 			[]string{"topic"}),
+		dlqFails: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "coordinator_trigger_dlq_write_failures_total",
+			Help: "Writes to the dead-letter topic that failed, by source topic (the record is retried; its partition waits)."},
+			[]string{"topic"}),
 		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "coordinator_trigger_consumer_lag",
 			Help: "Records after the last handled one, per trigger topic partition (high watermark of the last fetch; updated on every fetch and commit)."},
 			[]string{"topic", "partition"}),
@@ -35,7 +39,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Owned runs the dispatcher is executing."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.outcomes, m.rejected, m.retries, m.lag, m.running)
+		reg.MustRegister(m.outcomes, m.rejected, m.retries, m.dlqFails, m.lag, m.running)
 	}
 	return m
 }
@@ -55,6 +59,12 @@ func (m *Metrics) reject(topic, reason string) {
 func (m *Metrics) retry(topic string) {
 	if m != nil {
 		m.retries.WithLabelValues(topic).Inc()
+	}
+}
+
+func (m *Metrics) dlqFailed(topic string) {
+	if m != nil {
+		m.dlqFails.WithLabelValues(topic).Inc()
 	}
 }
 
