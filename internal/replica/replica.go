@@ -496,7 +496,8 @@ func (r *Replica) startHTTP(ctx context.Context) error {
 }
 
 func (r *Replica) startCron(ctx context.Context) error {
-	cr, err := trigger.NewCron(r.cfg.ReplicaID, r.log, r.disp.CronJobs()...)
+	cr, err := trigger.NewCron(trigger.CronConfig{Replica: r.cfg.ReplicaID, Log: r.log, Metrics: r.tm,
+		Jitter: r.cfg.CronJitter, CatchUpWindow: r.cfg.CronCatchUpWindow}, r.disp.CronJobs()...)
 	if err != nil {
 		return failed(job.ExitUsage, err)
 	}

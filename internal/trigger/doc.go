@@ -64,6 +64,20 @@
 //     for them to release. The replica stops the consumer first, then the
 //     dispatcher, under one bound.
 //
+// # Cron
+//
+// Cron fires every kind's owned.Scheduler spec on every replica (the lock
+// decides who works). Each tick's params are the kind's Tick at the tick's
+// scheduled time. A tick waits a random jitter first (CronConfig.Jitter,
+// COORDINATOR_CRON_JITTER); a tick that finds the previous one of its job
+// still running is skipped; a tick that panics is recovered, logged with its
+// stack and counted, and the replica goes on. At Start, each schedule's
+// latest tick within CronConfig.CatchUpWindow (COORDINATOR_CRON_CATCHUP_WINDOW)
+// before the start is run once, as a tick the replica may have missed while
+// down: through the dispatcher like any tick, so the lock and the kind's
+// claim answer already_owned or already_completed when another replica ran
+// it. @every specs have no fixed ticks and are not caught up.
+//
 // The poll loop never waits for a worker: once records wait behind a busy
 // worker its partition is paused, so heartbeats and the other partitions go
 // on during a long bill run. A partition is not paused otherwise, which keeps

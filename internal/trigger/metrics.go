@@ -17,6 +17,8 @@ type Metrics struct {
 	dlqFails *prometheus.CounterVec
 	lag      *prometheus.GaugeVec
 	running  prometheus.Gauge
+	panics   *prometheus.CounterVec
+	catchUps *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics on reg (nil: not registered).
@@ -37,9 +39,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			[]string{"topic", "partition"}),
 		running: prometheus.NewGauge(prometheus.GaugeOpts{Name: "coordinator_trigger_runs_in_flight",
 			Help: "Owned runs the dispatcher is executing."}),
+		panics: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "coordinator_trigger_cron_panics_total",
+			Help: "Cron ticks that panicked (recovered and logged; the replica goes on), by job."}, []string{"job"}),
+		catchUps: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "coordinator_trigger_cron_catchups_total",
+			Help: "Missed cron ticks run at start (COORDINATOR_CRON_CATCHUP_WINDOW), by job."}, []string{"job"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.outcomes, m.rejected, m.retries, m.dlqFails, m.lag, m.running)
+		reg.MustRegister(m.outcomes, m.rejected, m.retries, m.dlqFails, m.lag, m.running, m.panics, m.catchUps)
 	}
 	return m
 }
@@ -83,5 +89,17 @@ func (m *Metrics) deleteLag(topic string, partition int32) {
 func (m *Metrics) runs(delta float64) {
 	if m != nil {
 		m.running.Add(delta)
+	}
+}
+
+func (m *Metrics) cronPanic(jobName string) {
+	if m != nil {
+		m.panics.WithLabelValues(jobName).Inc()
+	}
+}
+
+func (m *Metrics) cronCatchUp(jobName string) {
+	if m != nil {
+		m.catchUps.WithLabelValues(jobName).Inc()
 	}
 }
