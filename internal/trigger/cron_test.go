@@ -163,3 +163,19 @@ func TestCronCatchesUpAMissedBillRunTickOnce(t *testing.T) {
 	require.Equal(t, 1, runs)
 	require.Equal(t, 60, invoices)
 }
+
+// CronConfig.Jitter is the jitter of every job that sets none
+// (COORDINATOR_CRON_JITTER); a job's own Jitter wins.
+func TestCronJitterDefaultsToTheConfiguredOne(t *testing.T) {
+	t.Parallel()
+	var logs syncBuffer
+	noop := func(context.Context, job.Trigger, time.Time) {}
+	c, err := trigger.NewCron(trigger.CronConfig{Log: slog.New(slog.NewJSONHandler(&logs, nil)), Jitter: 2 * time.Second},
+		trigger.CronJob{Name: "plain", Spec: "@every 1h", Run: noop},
+		trigger.CronJob{Name: "own", Spec: "@every 1h", Jitter: 5 * time.Second, Run: noop})
+	require.NoError(t, err)
+	c.Stop()
+	out := logs.String()
+	require.Contains(t, out, `"job":"plain","spec":"@every 1h","jitter":2000000000`)
+	require.Contains(t, out, `"job":"own","spec":"@every 1h","jitter":5000000000`)
+}

@@ -741,7 +741,7 @@ func dlqRecord(rec *kgo.Record, topic, reason, detail string) *kgo.Record {
 	headers := make([]kgo.RecordHeader, 0, len(rec.Headers)+11)
 	hbytes := 0
 	for _, h := range rec.Headers {
-		hbytes += len(h.Key) + len(h.Value)
+		hbytes += len(h.Key) + len(h.Value) + 10 // the lengths' varints, so that many tiny headers count too
 	}
 	if hbytes <= DLQMaxHeaderBytes {
 		headers = append(headers, rec.Headers...)
