@@ -179,3 +179,43 @@ func TestCronJitterDefaultsToTheConfiguredOne(t *testing.T) {
 	require.Contains(t, out, `"job":"plain","spec":"@every 1h","jitter":2000000000`)
 	require.Contains(t, out, `"job":"own","spec":"@every 1h","jitter":5000000000`)
 }
+
+// Replicas that start together all catch the missed tick up at once: the
+// lock lets one bill the month, the others answer already_owned (or, once
+// it is done, already_completed).
+func TestCronCatchUpOnReplicasStartingTogetherBillsOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pg := testenv.Postgres(t)
+	rd := testenv.Redis(t)
+	_, err := billrun.Seed(ctx, pg.Pool, billrun.SeedConfig{Subscribers: 200})
+	require.NoError(t, err)
+	const spec = "CRON_TZ=UTC 0 2 1 * *"
+	start := func() time.Time { return time.Date(2026, time.November, 1, 4, 0, 0, 0, time.UTC) }
+	rec := &events.Recorder{}
+	ids := []string{"replica-a", "replica-b", "replica-c"}
+	var crons []*trigger.Cron
+	for _, id := range ids {
+		d := billrunReplica(t, pg, rd, id, spec, rec)
+		c, err := trigger.NewCron(trigger.CronConfig{Replica: id, CatchUpWindow: 6 * time.Hour, Now: start}, d.CronJobs()...)
+		require.NoError(t, err)
+		crons = append(crons, c)
+	}
+	for _, c := range crons {
+		require.NoError(t, c.Start(ctx))
+		t.Cleanup(c.Stop)
+	}
+	require.Eventually(t, func() bool {
+		return len(rec.OfType(events.RunCompleted))+len(rec.OfType(events.OwnershipAlreadyOwned))+
+			len(rec.OfType(events.RunAlreadyCompleted)) >= len(ids)
+	}, 60*time.Second, 10*time.Millisecond, "every replica's catch-up has an outcome")
+	for _, c := range crons {
+		c.Stop()
+	}
+	done := rec.OfType(events.RunCompleted)
+	require.Len(t, done, 1, "one replica bills the missed month")
+	require.Equal(t, "billrun:2026-10", done[0].Key)
+	var invoices int
+	require.NoError(t, pg.Pool.QueryRow(ctx, `select count(*) from invoices`).Scan(&invoices))
+	require.Equal(t, 200, invoices)
+}
