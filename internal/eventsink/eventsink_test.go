@@ -148,9 +148,9 @@ func TestKafkaDownBuffersBoundedDropsOldestThenDelivers(t *testing.T) {
 		require.NoError(t, json.Unmarshal(r.Value, &ce))
 		got[ce.Data["request_id"].(string)] = true
 	}
-	// The newest survived; the oldest waiting ones were dropped (the ones
-	// already in the client's hands, at most MaxInFlight = 8/4, stay).
-	for i := n - 6; i < n; i++ {
+	// The newest seven survived; the oldest waiting ones were dropped (the
+	// one already in the client's hands stays: one key, so one in flight).
+	for i := n - 7; i < n; i++ {
 		require.True(t, got[fmt.Sprintf("req-%02d", i)], "req-%02d delivered", i)
 	}
 	require.Len(t, got, 8)
