@@ -280,7 +280,7 @@ func runLock(ctx context.Context, cio cliIO, args []string) int {
 		r.deadline = ownership.TrustDeadline(acquired, ttl)
 	}
 	if early != nil {
-		r.release(ctx)
+		_ = r.release(ctx) // logged inside; TTL expiry is the backstop
 		return 128 + int(early.(syscall.Signal))
 	}
 	return r.run(ctx, cio, path, a.argv)
@@ -338,12 +338,12 @@ type probeResult struct {
 func (r *lockRun) run(ctx context.Context, cio cliIO, path string, argv []string) int {
 	if err := r.lease.Err(); err != nil || (!r.deadline.IsZero() && !time.Now().Before(r.termAt())) {
 		r.log.Error("lock_lost_before_start", "lock_key", r.key, "fence", r.lease.Fence())
-		r.release(ctx)
+		_ = r.release(ctx) // logged inside; TTL expiry is the backstop
 		return job.ExitLost
 	}
 	stdio, err := commandFiles(cio)
 	if err != nil {
-		r.release(ctx)
+		_ = r.release(ctx) // logged inside; TTL expiry is the backstop
 		fmt.Fprintf(cio.stderr, "coordinator lock: start %s: %v\n", argv[0], err)
 		return job.ExitFailed
 	}
@@ -360,7 +360,7 @@ func (r *lockRun) run(ctx context.Context, cio cliIO, path string, argv []string
 	stdio.started()
 	if err != nil {
 		stdio.finish()
-		r.release(ctx)
+		_ = r.release(ctx) // logged inside; TTL expiry is the backstop
 		fmt.Fprintf(cio.stderr, "coordinator lock: start %s: %v\n", argv[0], err)
 		return job.ExitFailed
 	}
@@ -394,7 +394,7 @@ func (r *lockRun) run(ctx context.Context, cio cliIO, path string, argv []string
 		code = statusCode(*r.rootStatus)
 	}
 	if r.lost || errors.Is(r.lease.Err(), ownership.ErrLeaseLost) {
-		r.release(ctx)
+		_ = r.release(ctx) // logged inside; TTL expiry is the backstop
 		return job.ExitLost
 	}
 	if err := r.release(ctx); errors.Is(err, ownership.ErrNotHeld) {

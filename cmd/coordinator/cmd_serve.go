@@ -73,6 +73,6 @@ func runServe(ctx context.Context, cio cliIO, args []string) int {
 	log.Info("shutdown_started", "timeout", cfg.ShutdownTimeout)
 	start := time.Now()
 	r.Stop()
-	log.Info("shutdown_complete", "took_ms", time.Since(start).Milliseconds())
+	log.Info("shutdown_complete", "duration_ms", time.Since(start).Milliseconds())
 	return 0
 }

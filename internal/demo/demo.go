@@ -259,7 +259,12 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	tlCtx, stopTimeline := context.WithCancel(context.Background())
 	tlDone := make(chan error, 1)
 	go func() { tlDone <- tl.run(tlCtx, brokers, names.Events) }()
-	cleanups = append(cleanups, func() { stopTimeline(); <-tlDone })
+	cleanups = append(cleanups, func() {
+		stopTimeline()
+		if terr := <-tlDone; terr != nil {
+			fmt.Fprintf(out, "ownership timeline: %v\n", terr)
+		}
+	})
 
 	for _, r := range reps {
 		if err := r.Start(runCtx); err != nil {

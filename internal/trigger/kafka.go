@@ -296,7 +296,7 @@ func (c *KafkaConsumer) poll() {
 		}
 		fetches.EachError(func(topic string, partition int32, err error) {
 			if !errors.Is(err, context.Canceled) {
-				c.log.Warn("trigger_fetch_error", "topic", topic, "partition", partition, "err", err)
+				c.log.Warn("trigger_fetch_error", "topic", topic, "partition", partition, "error", err)
 			}
 		})
 		if fetches.NumRecords() == 0 && len(fetches.Errors()) > 0 {
@@ -545,7 +545,7 @@ func (w *partWorker) commit(rec *kgo.Record) {
 	if err := c.cl.CommitRecords(ctx, rec); err != nil {
 		// The record was handled; a redelivery finds it already owned or
 		// completed, so this costs a duplicate, never a loss.
-		c.log.Warn("trigger_commit_failed", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "err", err)
+		c.log.Warn("trigger_commit_failed", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "error", err)
 	}
 }
 
@@ -565,7 +565,7 @@ func (c *KafkaConsumer) process(rec *kgo.Record) bool {
 	res, err := c.h.Run(ctx, k, req.Params, t)
 	end(res)
 	if err != nil {
-		c.log.Warn("trigger_handler_error", "topic", rec.Topic, "offset", rec.Offset, "request_id", t.RequestID, "err", err)
+		c.log.Warn("trigger_handler_error", "topic", rec.Topic, "offset", rec.Offset, "request_id", t.RequestID, "error", err)
 		return false
 	}
 	return res.Outcome.Handled()
@@ -597,7 +597,7 @@ func (c *KafkaConsumer) reject(rec *kgo.Record, k owned.Kind, err error) bool {
 	ctx, cancel := context.WithTimeout(c.handleCtx, 10*time.Second)
 	defer cancel()
 	if perr := c.cl.ProduceSync(ctx, dlq).FirstErr(); perr != nil {
-		c.log.Error("trigger_dlq_write_failed", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "err", perr)
+		c.log.Error("trigger_dlq_write_failed", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "error", perr)
 		return false
 	}
 	c.m.reject(rec.Topic, re.Reason)
