@@ -40,7 +40,7 @@ func load(t *testing.T, env map[string]string) config.Config {
 // client builds a franz-go client the way every coordinator client does.
 func client(t *testing.T, cfg config.Config, extra ...kgo.Opt) *kgo.Client {
 	t.Helper()
-	opts, err := kafkaconn.Options(cfg)
+	opts, err := kafkaconn.Options(cfg, nil)
 	require.NoError(t, err)
 	cl, err := kgo.NewClient(append(append([]kgo.Opt{kgo.SeedBrokers(cfg.KafkaBrokers...)}, opts...), extra...)...)
 	require.NoError(t, err)
@@ -167,7 +167,7 @@ func TestUnreachableIsNotFatal(t *testing.T) {
 func TestPlaintextHasNoOptions(t *testing.T) {
 	t.Parallel()
 	cfg := load(t, nil)
-	opts, err := kafkaconn.Options(cfg)
+	opts, err := kafkaconn.Options(cfg, nil)
 	require.NoError(t, err)
 	require.Empty(t, opts)
 	require.Equal(t, "plaintext", kafkaconn.Describe(cfg))
