@@ -258,7 +258,7 @@ func runLock(ctx context.Context, cio cliIO, args []string) int {
 		fmt.Fprintf(cio.stderr, "coordinator lock: %v\n", err)
 		return job.ExitUnavailable
 	}
-	log.Info("lock_acquired", "lock_key", a.key, "owner", lease.Owner(), "fence", lease.Fence(), "grace", grace)
+	log.Info("lock_acquired", "lock_key", a.key, "owner", lease.Owner(), "fence", lease.Fence(), "grace_ms", grace.Milliseconds())
 
 	r := &lockRun{
 		log: log, key: a.key, lease: lease, ttl: ttl, watchdog: watchdog, grace: grace,
@@ -474,10 +474,10 @@ func (r *lockRun) due() {
 	case running:
 		r.lost = true
 		r.log.Error("lock_lease_ending_terminating_command", "lock_key", r.key, "fence", r.lease.Fence(),
-			"trust_deadline_in", time.Until(r.deadline).Round(time.Millisecond), "grace", r.grace)
+			"trust_deadline_in_ms", time.Until(r.deadline).Milliseconds(), "grace_ms", r.grace.Milliseconds())
 		r.terminate(r.grace)
 	case terminating:
-		r.log.Error("lock_command_killed", "lock_key", r.key, "grace", r.grace)
+		r.log.Error("lock_command_killed", "lock_key", r.key, "grace_ms", r.grace.Milliseconds())
 		r.kill()
 	}
 }
@@ -545,7 +545,7 @@ func (r *lockRun) leftovers() {
 	}
 	r.termSent = true
 	if n := r.tree.Signal(syscall.SIGTERM); n > 0 {
-		r.log.Warn("lock_command_left_processes", "lock_key", r.key, "processes", n, "grace", r.grace)
+		r.log.Warn("lock_command_left_processes", "lock_key", r.key, "processes", n, "grace_ms", r.grace.Milliseconds())
 		r.tree.ContinueStopped()
 	}
 	if r.phase == running {
@@ -563,7 +563,7 @@ func (r *lockRun) cancel(s syscall.Signal) {
 		r.kill()
 		return
 	}
-	r.log.Info("lock_signal_forwarded", "lock_key", r.key, "signal", s.String(), "grace", r.grace)
+	r.log.Info("lock_signal_forwarded", "lock_key", r.key, "signal", s.String(), "grace_ms", r.grace.Milliseconds())
 	r.forward(s)
 	if r.rootStop {
 		r.resume() // a stopped command cannot act on the signal

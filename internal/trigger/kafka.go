@@ -245,7 +245,7 @@ func (c *KafkaConsumer) Stop() {
 		}
 		c.mu.Unlock()
 		if !waitWorkers(ws, c.cfg.DrainTimeout) {
-			c.log.Warn("trigger_consumer_drain_timeout", "timeout", c.cfg.DrainTimeout)
+			c.log.Warn("trigger_consumer_drain_timeout", "timeout_ms", c.cfg.DrainTimeout.Milliseconds())
 			c.cancelHandle()
 			waitWorkers(ws, 0)
 		}
