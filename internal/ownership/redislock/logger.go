@@ -11,7 +11,7 @@ import (
 // SetLogger makes log go-redis' logger. go-redis has one logger for the
 // whole process (sentinel discovery and failover, pool and connection
 // trouble, push notifications), which otherwise prints unstructured lines to
-// stderr; through SetLogger each becomes a warning record of the constant
+// stderr; through SetLogger each becomes an info record of the constant
 // message "redis_client_log" with go-redis' line under "detail". A nil log
 // is ignored.
 func SetLogger(log *slog.Logger) {
@@ -22,13 +22,14 @@ func SetLogger(log *slog.Logger) {
 }
 
 // printfLogger is go-redis' logging interface (Printf with a context) over
-// slog. go-redis gives its lines no level; at its default level it logs
-// only what is worth a warning.
+// slog. go-redis gives its lines no level, and they mix news (the master
+// Sentinel named, a failover) with trouble the lock also reports in its own
+// records (a dial that failed): info, so they stay out of a warn-level log.
 type printfLogger struct{ log *slog.Logger }
 
 func (l printfLogger) Printf(ctx context.Context, format string, v ...any) {
-	if !l.log.Enabled(ctx, slog.LevelWarn) {
+	if !l.log.Enabled(ctx, slog.LevelInfo) {
 		return
 	}
-	l.log.Log(ctx, slog.LevelWarn, "redis_client_log", "detail", fmt.Sprintf(format, v...))
+	l.log.Log(ctx, slog.LevelInfo, "redis_client_log", "detail", fmt.Sprintf(format, v...))
 }

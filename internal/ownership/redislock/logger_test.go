@@ -17,7 +17,7 @@ import (
 // slog records. A client through Sentinel logs the master it discovered.
 func TestGoRedisLogLinesAreSlogRecords(t *testing.T) {
 	env := testenv.RedisSentinel(t)
-	log, recs := testenv.NewRecords(slog.LevelWarn)
+	log, recs := testenv.NewRecords(slog.LevelInfo)
 	redislock.SetLogger(log)
 	t.Cleanup(func() { redislock.SetLogger(slog.New(slog.DiscardHandler)) })
 
@@ -31,5 +31,5 @@ func TestGoRedisLogLinesAreSlogRecords(t *testing.T) {
 	rec := recs.Wait(t, 10*time.Second, "go-redis' sentinel line", func(r slog.Record) bool {
 		return r.Message == "redis_client_log" && strings.HasPrefix(testenv.Attrs(r)["detail"].String(), "sentinel: ")
 	})
-	require.Equal(t, slog.LevelWarn, rec.Level)
+	require.Equal(t, slog.LevelInfo, rec.Level)
 }
