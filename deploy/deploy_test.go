@@ -288,7 +288,7 @@ func TestAlertRulesUseRealMetricsAndHaveRunbookEntries(t *testing.T) {
 			}
 		}
 	}
-	// The alerts the issue and ADR-024's Consequences ask for.
+	// The alerts the issue and ADR-024's Consequences (docs/adr/024-distributed-lock-strategy.md) ask for.
 	for _, want := range []string{"CoordinatorLockBackendUnavailable", "CoordinatorLeasesLost", "CoordinatorBillRunFailed",
 		"CoordinatorTriggerDLQGrowing", "CoordinatorEventsDropped", "CoordinatorTriggerRetrying"} {
 		require.Contains(t, alerts, want)

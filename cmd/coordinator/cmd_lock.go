@@ -263,7 +263,7 @@ func runLock(ctx context.Context, cio cliIO, args []string) int {
 		fmt.Fprintf(cio.stderr, "coordinator lock: %v\n", err)
 		return job.ExitUnavailable
 	}
-	log.Info("lock_acquired", "lock_key", a.key, "owner", lease.Owner(), "fence", lease.Fence(), "grace", grace)
+	log.Info("lock_acquired", "lock_key", a.key, "owner", lease.Owner(), "fence", lease.Fence(), "grace_ms", grace.Milliseconds())
 
 	r := &lockRun{
 		log: log, key: a.key, lease: lease, ttl: ttl, watchdog: watchdog, grace: grace,
@@ -290,7 +290,7 @@ func runLock(ctx context.Context, cio cliIO, args []string) int {
 		r.deadline = ownership.TrustDeadline(acquired, ttl)
 	}
 	if early != nil {
-		r.release(ctx)
+		_ = r.release(ctx) // logged inside; TTL expiry is the backstop
 		return 128 + int(early.(syscall.Signal))
 	}
 	return r.run(ctx, cio, path, a.argv)
@@ -367,12 +367,12 @@ type probeResult struct {
 func (r *lockRun) run(ctx context.Context, cio cliIO, path string, argv []string) int {
 	if err := r.lease.Err(); err != nil || (!r.until().IsZero() && !time.Now().Before(r.termAt())) {
 		r.log.Error("lock_lost_before_start", "lock_key", r.key, "fence", r.lease.Fence())
-		r.release(ctx)
+		_ = r.release(ctx) // logged inside; TTL expiry is the backstop
 		return job.ExitLost
 	}
 	stdio, err := commandFiles(cio)
 	if err != nil {
-		r.release(ctx)
+		_ = r.release(ctx) // logged inside; TTL expiry is the backstop
 		fmt.Fprintf(cio.stderr, "coordinator lock: start %s: %v\n", argv[0], err)
 		return job.ExitFailed
 	}
@@ -389,7 +389,7 @@ func (r *lockRun) run(ctx context.Context, cio cliIO, path string, argv []string
 	stdio.started()
 	if err != nil {
 		stdio.finish()
-		r.release(ctx)
+		_ = r.release(ctx) // logged inside; TTL expiry is the backstop
 		fmt.Fprintf(cio.stderr, "coordinator lock: start %s: %v\n", argv[0], err)
 		return job.ExitFailed
 	}
@@ -423,7 +423,7 @@ func (r *lockRun) run(ctx context.Context, cio cliIO, path string, argv []string
 		code = statusCode(*r.rootStatus)
 	}
 	if r.lost || errors.Is(r.lease.Err(), ownership.ErrLeaseLost) {
-		r.release(ctx)
+		_ = r.release(ctx) // logged inside; TTL expiry is the backstop
 		return job.ExitLost
 	}
 	if err := r.release(ctx); errors.Is(err, ownership.ErrNotHeld) {
@@ -507,10 +507,10 @@ func (r *lockRun) due() {
 		}
 		r.lost = true
 		r.log.Error("lock_lease_ending_terminating_command", "lock_key", r.key, "fence", r.lease.Fence(),
-			"trust_deadline_in", time.Until(r.until()).Round(time.Millisecond), "grace", r.grace)
+			"trust_deadline_in_ms", time.Until(r.until()).Milliseconds(), "grace_ms", r.grace.Milliseconds())
 		r.terminate(r.grace)
 	case terminating:
-		r.log.Error("lock_command_killed", "lock_key", r.key, "grace", r.grace)
+		r.log.Error("lock_command_killed", "lock_key", r.key, "grace_ms", r.grace.Milliseconds())
 		r.kill()
 	}
 }
@@ -578,7 +578,7 @@ func (r *lockRun) leftovers() {
 	}
 	r.termSent = true
 	if n := r.tree.Signal(syscall.SIGTERM); n > 0 {
-		r.log.Warn("lock_command_left_processes", "lock_key", r.key, "processes", n, "grace", r.grace)
+		r.log.Warn("lock_command_left_processes", "lock_key", r.key, "processes", n, "grace_ms", r.grace.Milliseconds())
 		r.tree.ContinueStopped()
 	}
 	if r.phase == running {
@@ -596,7 +596,7 @@ func (r *lockRun) cancel(s syscall.Signal) {
 		r.kill()
 		return
 	}
-	r.log.Info("lock_signal_forwarded", "lock_key", r.key, "signal", s.String(), "grace", r.grace)
+	r.log.Info("lock_signal_forwarded", "lock_key", r.key, "signal", s.String(), "grace_ms", r.grace.Milliseconds())
 	r.forward(s)
 	if r.rootStop {
 		r.resume() // a stopped command cannot act on the signal

@@ -156,15 +156,6 @@ func (p *lockProc) readErr() string {
 	return string(b)
 }
 
-func (p *lockProc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
 // treePids reads the pids a tree helper wrote to its ready file ("role pid"
 // lines) once it is set up; it fails after a generous bound.
 func treePids(t *testing.T, ready string) map[string]int {

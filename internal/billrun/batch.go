@@ -118,7 +118,7 @@ func (x *execution) runBatchRetrying(ctx context.Context, b batchRange, st *runS
 		cfg.Metrics.batch("retried", 1)
 		delay := backoff(cfg.RetryBackoff, attempt)
 		x.log.Warn("billrun_batch_retry", "first_id", b.first, "last_id", b.last, "attempt", attempt,
-			"delay_ms", delay.Milliseconds(), "err", err)
+			"delay_ms", delay.Milliseconds(), "error", err)
 		if !sleep(ctx, delay) {
 			return nil
 		}

@@ -1,5 +1,5 @@
 // Package billrun runs a billing period's bill run with one owner across
-// replicas: ADR-024's first consumer (billing-service's RunBillCommandHandler
+// replicas: ADR-024's (docs/adr/024-distributed-lock-strategy.md) first consumer (billing-service's RunBillCommandHandler
 // and BillRunBatchProcessor, re-thought). It is a kind of owned run (Kind;
 // its Worker is a Claimer): the owned template takes the lock, calls Claim
 // and Run, emits the ownership events and releases; this package claims,

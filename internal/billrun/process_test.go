@@ -155,7 +155,7 @@ func (w *world) waitBatches(t *testing.T, n int64) {
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		var got int64
 		require.NoError(c, w.pool.QueryRow(context.Background(), `select count(*) from bill_run_batches`).Scan(&got))
-		assert.GreaterOrEqual(c, got, n, "batches committed")
+		require.GreaterOrEqual(c, got, n, "batches committed")
 	}, 30*time.Second, 20*time.Millisecond)
 }
 

@@ -39,7 +39,7 @@ func (t *total) estimate(ctx context.Context) {
 	var left int64
 	if err := x.pool.QueryRow(ctx, sqlCountToPlan, x.period.String()).Scan(&left); err != nil {
 		if ctx.Err() == nil {
-			x.log.Warn("billrun_count_failed", "err", err, "detail", "progress has no total until the plan is complete")
+			x.log.Warn("billrun_count_failed", "error", err, "detail", "progress has no total until the plan is complete")
 		}
 		return
 	}
@@ -78,6 +78,6 @@ func (t *total) set(ctx context.Context, n int64) {
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if _, err := x.pool.Exec(wctx, sqlRecordTotal, x.period.String(), x.fence, n); err != nil && ctx.Err() == nil {
-		x.log.Warn("billrun_record_total_failed", "err", err, "batches_total", n)
+		x.log.Warn("billrun_record_total_failed", "error", err, "batches_total", n)
 	}
 }

@@ -224,13 +224,13 @@ func (x *execution) end(ctx context.Context, runErr error, counts map[string]int
 	case errors.As(runErr, &lost):
 		msg := "interrupted: " + lost.Reason
 		if _, _, err := x.finish(endCtx, StatusInterrupted, &msg); err != nil {
-			x.log.Warn("billrun_mark_interrupted_failed", "err", err)
+			x.log.Warn("billrun_mark_interrupted_failed", "error", err)
 		}
 		return runErr
 	}
 	msg := runErr.Error()
 	if _, ok, err := x.finish(endCtx, StatusFailed, &msg); err != nil || !ok {
-		x.log.Warn("billrun_mark_failed_failed", "err", err, "fence_ours", ok)
+		x.log.Warn("billrun_mark_failed_failed", "error", err, "fence_ours", ok)
 	}
 	return runErr
 }

@@ -1,5 +1,5 @@
 // Package config is the coordinator's one typed configuration: every
-// variable of DESIGN.md's table, each also a --flag, with defaults filled in
+// variable of docs/contract.md's configuration (docs/configuration.md), each also a --flag, with defaults filled in
 // one place and a Validate whose error names the variable and the value.
 package config
 

@@ -34,6 +34,7 @@ import (
 	"github.com/telco-platform/coordinator/internal/kinds"
 	"github.com/telco-platform/coordinator/internal/migrate"
 	"github.com/telco-platform/coordinator/internal/msisdnreaper"
+	"github.com/telco-platform/coordinator/internal/ownership/redislock"
 	"github.com/telco-platform/coordinator/internal/postgres"
 	"github.com/telco-platform/coordinator/internal/replica"
 	"github.com/telco-platform/coordinator/internal/topics"
@@ -218,6 +219,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	fireAt := time.Now().Add(3 * time.Second).Truncate(time.Second).Add(time.Second)
 	token := randomHex(16)
 	logger := slog.New(slog.NewTextHandler(logW, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	redislock.SetLogger(logger)
 	reps := make([]*replica.Replica, cfg.Replicas)
 	for i := range reps {
 		id := fmt.Sprintf("coordinator-%d", i+1)
@@ -259,7 +261,12 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	tlCtx, stopTimeline := context.WithCancel(context.Background())
 	tlDone := make(chan error, 1)
 	go func() { tlDone <- tl.run(tlCtx, brokers, names.Events) }()
-	cleanups = append(cleanups, func() { stopTimeline(); <-tlDone })
+	cleanups = append(cleanups, func() {
+		stopTimeline()
+		if terr := <-tlDone; terr != nil {
+			fmt.Fprintf(out, "ownership timeline: %v\n", terr)
+		}
+	})
 
 	for _, r := range reps {
 		if err := r.Start(runCtx); err != nil {

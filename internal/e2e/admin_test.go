@@ -374,7 +374,7 @@ func TestRunCapAnswers429(t *testing.T) {
 	// The slot is freed just after the run's last event: ask until it is.
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		code, _, body = r.post(t, d.token, "/v1/billruns", `{"period":"2026-05"}`)
-		assert.NotEqual(c, http.StatusTooManyRequests, code)
+		require.NotEqual(c, http.StatusTooManyRequests, code)
 	}, 10*time.Second, 50*time.Millisecond)
 	require.Equal(t, http.StatusAccepted, code, string(body))
 	require.True(t, hasLogLine(r, `"msg":"trigger_refused_at_capacity"`))

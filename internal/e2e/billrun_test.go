@@ -61,10 +61,10 @@ func TestBillRunTriggeredFourTimesRunsOnce(t *testing.T) {
 	outcome := func(e event) bool {
 		return e.Subject == key && (e.Type == "run.completed" || e.Type == "run.already_completed" || e.Type == "ownership.already_owned")
 	}
-	got := d.events.waitFor(t, 60*time.Second, len(ids), "outcome", outcome)
+	d.events.waitFor(t, 60*time.Second, len(ids), "outcome", outcome)
 	// Offsets are committed once handled: all three records.
 	d.waitCommitted(d.bills, partition, 3, 20*time.Second)
-	got = d.events.match(outcome)
+	got := d.events.match(outcome)
 	require.Len(t, got, len(ids), "one outcome per trigger")
 
 	seen := map[string]string{}

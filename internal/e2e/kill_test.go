@@ -33,7 +33,7 @@ func TestOwnerKilledMidRunAnotherResumes(t *testing.T) {
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		var batches int
 		require.NoError(c, d.pg.Pool.QueryRow(ctx, `select count(*) from bill_run_batches where period = $1`, period).Scan(&batches))
-		assert.Positive(c, batches, "batches committed")
+		require.Positive(c, batches, "batches committed")
 	}, 20*time.Second, 20*time.Millisecond)
 	for _, r := range rs {
 		if r.id == first {

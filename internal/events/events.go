@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// Type is a CloudEvents type from DESIGN.md's contract.
+// Type is a CloudEvents type of the contract (docs/contract.md, docs/events.md).
 type Type string
 
 const (

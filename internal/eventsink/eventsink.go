@@ -236,7 +236,7 @@ func (k *Kafka) Emit(ctx context.Context, e events.Event) {
 	}
 	value, err := json.Marshal(e)
 	if err != nil {
-		k.log.Error("event_encode_failed", "event_id", e.ID, "type", string(e.Type), "err", err)
+		k.log.Error("event_encode_failed", "event_id", e.ID, "type", string(e.Type), "error", err)
 		k.cfg.Metrics.drop(1)
 		return
 	}
@@ -306,7 +306,7 @@ func (k *Kafka) Stop() {
 		if started {
 			ctx, cancel := context.WithTimeout(context.Background(), k.cfg.StopTimeout)
 			if err := k.Flush(ctx); err != nil {
-				k.log.Warn("event_flush_incomplete", "err", err)
+				k.log.Warn("event_flush_incomplete", "error", err)
 			}
 			cancel()
 		}
@@ -423,7 +423,7 @@ func (k *Kafka) promise(rec *kgo.Record, err error) {
 	default:
 		k.cfg.Metrics.failed()
 		if k.warnDue() {
-			k.log.Warn("event_publish_failed", "topic", rec.Topic, "lock_key", string(rec.Key), "err", err)
+			k.log.Warn("event_publish_failed", "topic", rec.Topic, "lock_key", string(rec.Key), "error", err)
 		}
 		// Back to the head of the buffer: the records of its key that
 		// follow it are all still waiting (one per key in flight), so it

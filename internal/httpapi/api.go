@@ -19,7 +19,7 @@
 // /readyz names failing conditions only, never hosts, users or errors.
 //
 // Errors are RFC 9457 problem documents (application/problem+json) with the
-// ADR-024 members code, reason, lockKey and owner where they apply. /v1/*
+// ADR-024 (docs/adr/024-distributed-lock-strategy.md) members code, reason, lockKey and owner where they apply. /v1/*
 // needs `Authorization: Bearer <token>` with one of the admin tokens
 // (internal/adminauth): GET needs the read scope, POST the mutate scope.
 // With no token configured /v1/* answers 403. Every refusal is logged at

@@ -1,4 +1,4 @@
-// Package msisdnreaper is ADR-024's second consumer: subscription-service's
+// Package msisdnreaper is ADR-024's (docs/adr/024-distributed-lock-strategy.md) second consumer: subscription-service's
 // MSISDN pool (FR-13) and the reaper that frees reservations whose hold has
 // passed. Every replica ticks; the ownership lock msisdn-reaper:sweep decides
 // which one sweeps.
@@ -76,7 +76,7 @@
 // # What happens on failure
 //
 //   - Lock backend unreachable: outcome unavailable, event
-//     ownership.unavailable, nothing runs (fail closed, ADR-024 Section 5).
+//     ownership.unavailable, nothing runs (fail closed, ADR-024 decision 7).
 //   - Another replica holds the lock: outcome already_owned naming it.
 //   - The lease's local deadline passes mid-sweep: no new batch starts;
 //     outcome completed with Counts["deadline_reached"] = 1; the rows left

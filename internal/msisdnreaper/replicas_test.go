@@ -404,7 +404,7 @@ func TestSweepStopsAtTheNextBatchWhenTheLeaseIsLostOrOnShutdown(t *testing.T) {
 			require.EventuallyWithT(t, func(c *assert.CollectT) {
 				var n int
 				require.NoError(c, pg.Pool.QueryRow(context.Background(), `select count(*) from sweep_batches`).Scan(&n))
-				assert.GreaterOrEqual(c, n, 2, "batches started")
+				require.GreaterOrEqual(c, n, 2, "batches started")
 			}, 30*time.Second, 5*time.Millisecond)
 			if tc.reason == stopLeaseLost {
 				require.NoError(t, l.Close()) // every lease it holds is lost

@@ -319,7 +319,7 @@ func (s *Sweeper) Run(ctx context.Context, run *owned.Run, p owned.Params) (owne
 	log := run.Log()
 	switch fr.reason {
 	case stopDrained, stopDeadline:
-		log.Info("sweep_completed", "freed", fr.freed, "batches", fr.batches, "stopped", fr.reason, "took", took)
+		log.Info("sweep_completed", "freed", fr.freed, "batches", fr.batches, "stopped", fr.reason, "duration_ms", took.Milliseconds())
 		return rep, nil
 	case stopLeaseLost, stopShutdown:
 		log.Warn("sweep_stopped", "reason", fr.reason, "freed", fr.freed, "batches", fr.batches)

@@ -373,7 +373,7 @@ func (o *Owned) release(ctx context.Context) {
 	}
 	if hold := o.lease.MinHold; hold > 0 {
 		if remaining := hold - time.Since(o.run.acquired); remaining > 0 {
-			log.Info("run_release_deferred", "min_hold", hold, "release_in", remaining)
+			log.Info("run_release_deferred", "min_hold_ms", hold.Milliseconds(), "release_in_ms", remaining.Milliseconds())
 			o.run.send(ctx, events.OwnershipReleased, o.run.fence, "", map[string]any{"release": "after_min_hold",
 				"release_in_ms": remaining.Milliseconds(), "min_hold_ms": hold.Milliseconds()})
 			time.AfterFunc(remaining, func() {

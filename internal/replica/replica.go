@@ -406,11 +406,12 @@ func (r *Replica) startEvents(ctx context.Context) error {
 	return nil
 }
 
-// kafkaOpts are opts plus the configured TLS and SASL options
-// (internal/kafkaconn): every Kafka client of the replica (event sink,
-// topic admin, trigger consumer and its DLQ producer) dials with them.
+// kafkaOpts are opts plus the configured TLS and SASL options and the
+// replica's logger (internal/kafkaconn): every Kafka client of the replica
+// (event sink, topic admin, trigger consumer and its DLQ producer) dials
+// with them and logs franz-go's lines there.
 func (r *Replica) kafkaOpts(opts ...kgo.Opt) ([]kgo.Opt, error) {
-	sec, err := kafkaconn.Options(r.cfg)
+	sec, err := kafkaconn.Options(r.cfg, r.log)
 	if err != nil {
 		return nil, failed(job.ExitUsage, err)
 	}

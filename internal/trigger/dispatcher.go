@@ -188,7 +188,7 @@ func (d *Dispatcher) finished(ctx context.Context, t job.Trigger, res job.Result
 	}
 	args := []any{"job", res.Job, "lock_key", res.Key,
 		"outcome", string(res.Outcome), "trigger", string(t.Source), "request_id", t.RequestID,
-		"owner", res.Owner, "fence", res.Fence, "duration", time.Duration(res.DurationMS) * time.Millisecond, "err", res.Error}
+		"owner", res.Owner, "fence", res.Fence, "duration_ms", res.DurationMS, "error", res.Error}
 	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
 		args = append(args, "trace_id", sc.TraceID().String())
 	}

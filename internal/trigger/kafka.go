@@ -257,7 +257,7 @@ func (c *KafkaConsumer) Stop() {
 		}
 		c.mu.Unlock()
 		if !waitWorkers(ws, c.cfg.DrainTimeout) {
-			c.log.Warn("trigger_consumer_drain_timeout", "timeout", c.cfg.DrainTimeout)
+			c.log.Warn("trigger_consumer_drain_timeout", "timeout_ms", c.cfg.DrainTimeout.Milliseconds())
 			c.cancelHandle()
 			waitWorkers(ws, 0)
 		}
@@ -308,7 +308,7 @@ func (c *KafkaConsumer) poll() {
 		}
 		fetches.EachError(func(topic string, partition int32, err error) {
 			if !errors.Is(err, context.Canceled) {
-				c.log.Warn("trigger_fetch_error", "topic", topic, "partition", partition, "err", err)
+				c.log.Warn("trigger_fetch_error", "topic", topic, "partition", partition, "error", err)
 			}
 		})
 		skips := tooLargeBatches(fetches)
@@ -613,7 +613,7 @@ func (w *partWorker) commit(rec *kgo.Record) {
 	if err := c.cl.CommitRecords(ctx, rec); err != nil {
 		// The record was handled; a redelivery finds it already owned or
 		// completed, so this costs a duplicate, never a loss.
-		c.log.Warn("trigger_commit_failed", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "err", err)
+		c.log.Warn("trigger_commit_failed", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "error", err)
 	}
 }
 
@@ -636,7 +636,7 @@ func (c *KafkaConsumer) process(rec *kgo.Record) bool {
 	res, err := c.h.Run(ctx, k, req.Params, t)
 	end(res)
 	if err != nil {
-		c.log.Warn("trigger_handler_error", "topic", rec.Topic, "offset", rec.Offset, "request_id", t.RequestID, "err", err)
+		c.log.Warn("trigger_handler_error", "topic", rec.Topic, "offset", rec.Offset, "request_id", t.RequestID, "error", err)
 		return false
 	}
 	return res.Outcome.Handled()

@@ -196,7 +196,7 @@ func (b *kafkaBundle) waitCommitted(t *testing.T, r *kgo.Record, want int64) {
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		at, err := b.committedOffset(r)
 		require.NoError(c, err)
-		assert.Equal(c, want, at, "committed offset of %s/%d", r.Topic, r.Partition)
+		require.Equal(c, want, at, "committed offset of %s/%d", r.Topic, r.Partition)
 	}, 30*time.Second, 50*time.Millisecond)
 }
 
@@ -204,7 +204,7 @@ func (b *kafkaBundle) waitCommitted(t *testing.T, r *kgo.Record, want int64) {
 func waitEvents(t *testing.T, rec *events.Recorder, typ events.Type, n int) {
 	t.Helper()
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		assert.GreaterOrEqual(c, len(rec.OfType(typ)), n, "%s events", typ)
+		require.GreaterOrEqual(c, len(rec.OfType(typ)), n, "%s events", typ)
 	}, 60*time.Second, 10*time.Millisecond)
 }
 

@@ -1,5 +1,5 @@
 // Package redislock is the Redis adapter of the ownership port: ADR-024's
-// DistributedLock on go-redis v9 (single, sentinel or cluster). See the
+// (docs/adr/024-distributed-lock-strategy.md) DistributedLock on go-redis v9 (single, sentinel or cluster). See the
 // ownership package documentation for the semantics and docs/lock.md for
 // what the lock promises; scripts.go says how Redis stores it.
 package redislock

@@ -147,7 +147,6 @@ func (l *Locker) renewBatch(ctx context.Context, batch []renewItem) ([]renewResu
 	// needed (it acknowledges that connection's writes), else one for all
 	// (a cluster pipeline splits by node itself).
 	type group struct {
-		pipe  redis.Pipeliner
 		items []int
 		need  int
 		node  *redis.Client
