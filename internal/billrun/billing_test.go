@@ -173,7 +173,13 @@ func TestProrationInANonUTCZoneAcrossDST(t *testing.T) {
 			require.Equal(t, (2*3000+dim)/(2*dim), b.count(t, `select amount_cents from invoices where period = $1 and subscriber_id = 4`, p.String()),
 				"one day: 23:59 local on the last day")
 			require.Equal(t, "America/New_York", b.text(t, `select billing_tz from bill_runs where period = $1`, p.String()))
-			require.Equal(t, int64(1), b.count(t, `select count(*) from bill_runs where period = $1 and period_start = $2 and period_end = $3`, p.String(), start, end))
+			st, err := billrun.ReadStatus(context.Background(), b.pool, p)
+			require.NoError(t, err)
+			require.NotNil(t, st.Cutoff)
+			require.Equal(t, "America/New_York", st.Cutoff.Zone)
+			require.True(t, start.Equal(st.Cutoff.PeriodStart), "%s", st.Cutoff.PeriodStart)
+			require.True(t, end.Equal(st.Cutoff.PeriodEnd), "%s", st.Cutoff.PeriodEnd)
+			require.Nil(t, st.Adjustments)
 		})
 	}
 }
@@ -297,6 +303,10 @@ func TestLateUsageIsReportedAndAdjusted(t *testing.T) {
 	require.Equal(t, int64(2), b.count(t, `select count(*) from invoice_adjustments where period = $1`, p.String()))
 	require.Equal(t, int64(2), b.count(t, `select fence from bill_run_adjustments where period = $1`, p.String()), "each adjustment run claims fence+1")
 	require.Equal(t, billrun.StatusCompleted, b.text(t, `select status from bill_run_adjustments where period = $1`, p.String()))
+	st, err := r.Status(ctx, p)
+	require.NoError(t, err)
+	require.NotNil(t, st.Adjustments)
+	require.Equal(t, billrun.Adjustments{Status: billrun.StatusCompleted, Fence: 2, Created: 2, AmountCents: 49, FinishedAt: st.Adjustments.FinishedAt}, *st.Adjustments)
 
 	// More usage later: a second adjustment covers only it.
 	_, err = b.pool.Exec(ctx, `insert into usage_charges (subscriber_id, period, amount_cents) values (2, $1, 5)`, p.String())

@@ -66,15 +66,19 @@ where period = $1 and fence = $2 and status = 'RUNNING'`
 
 // sqlStatus reads a period's row with totals summed from its committed
 // batches, and for its progress: the batches and subscribers of the latest
-// claim (fence) and the seconds it has run, by the database's clock.
+// claim (fence) and the seconds it has run, by the database's clock; then
+// the population cutoff and the period's adjustment runs, if any.
 const sqlStatus = `
 select r.period, r.status, coalesce(r.owner, ''), r.fence, r.lock_fence, r.attempts,
        r.started_at, r.finished_at, r.updated_at, coalesce(r.last_error, ''),
        coalesce(r.requested_by, ''), coalesce(r.principal, ''), coalesce(r.request_id, ''), coalesce(r.trigger_source, ''),
        t.batches, t.subscribers, t.created, t.already,
        r.batches_total, t.fence_batches, t.fence_subscribers,
-       coalesce(extract(epoch from coalesce(r.finished_at, clock_timestamp()) - r.started_at), 0)::float8
-from bill_runs r,
+       coalesce(extract(epoch from coalesce(r.finished_at, clock_timestamp()) - r.started_at), 0)::float8,
+       r.period_start, r.period_end, r.billing_tz, r.cutoff_at,
+       a.status, a.fence, a.adjustments, a.amount_cents, a.finished_at
+from bill_runs r
+     left join bill_run_adjustments a on a.period = r.period,
      lateral (select count(*)                           as batches,
                      coalesce(sum(b.subscribers), 0)      as subscribers,
                      coalesce(sum(b.invoices_created), 0) as created,
