@@ -50,8 +50,8 @@ var (
 // /v1/billruns (202 once claimed) and GET /v1/billruns/{period}.
 func (*Kind) Spec() owned.Spec {
 	return owned.Spec{
-		Name: JobName, Summary: "bill a closed period's ACTIVE subscribers in fenced batches",
-		Usage: "--period YYYY-MM", Topic: Topic, HTTPPath: "/v1/billruns", HTTPAsync: true,
+		Name: JobName, Summary: "bill a closed period's subscribers (prorated) in fenced batches",
+		Usage: "--period YYYY-MM [--force] [--adjust]", Topic: Topic, HTTPPath: "/v1/billruns", HTTPAsync: true,
 	}
 }
 
