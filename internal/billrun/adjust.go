@@ -123,10 +123,18 @@ func (w *Worker) lateUsage(ctx context.Context, p Period) (subscribers, cents in
 	return subscribers, cents, err
 }
 
+// lateUsageTimeout bounds the late-usage check of an already_completed
+// answer: it reads every invoice of the period (no index leads with the
+// period), which must not hold a trigger's answer for long.
+const lateUsageTimeout = 10 * time.Second
+
 // reportLateUsage checks a COMPLETED period for late usage when a trigger
 // finds it completed: billrun.late_usage when there is some, and the gauge
-// either way. Best effort: a failed check is logged and ok is false.
+// either way. Best effort: a failed or timed-out check is logged and ok is
+// false.
 func (w *Worker) reportLateUsage(ctx context.Context, run *owned.Run, p Period) (subs, cents int64, ok bool) {
+	ctx, cancel := context.WithTimeout(ctx, lateUsageTimeout)
+	defer cancel()
 	subs, cents, err := w.lateUsage(ctx, p)
 	if err != nil {
 		run.Log().Warn("billrun_late_usage_check_failed", "period", p.String(), "error", err)
