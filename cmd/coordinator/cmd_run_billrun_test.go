@@ -66,6 +66,24 @@ func TestSeedAndRunBillrun(t *testing.T) {
 	require.Equal(t, "cli-a", res.Owner)
 	require.Contains(t, errs, `"type":"run.already_completed"`)
 
+	// Usage that arrives after COMPLETED: the next answer reports it, --adjust invoices it.
+	_, err := pg.Pool.Exec(context.Background(), `insert into usage_charges (subscriber_id, period, amount_cents)
+		select min(subscriber_id), $1, 333 from invoices where period = $1`, latest)
+	require.NoError(t, err)
+	code, out, errs = runCLI(t, env("cli-b"), "run", "billrun", "--period", latest)
+	require.Equal(t, job.ExitOK, code, errs)
+	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
+	require.Equal(t, job.OutcomeAlreadyCompleted, res.Outcome)
+	require.Equal(t, int64(1), res.Counts["late_usage_subscribers"])
+	require.Equal(t, int64(333), res.Counts["late_usage_cents"])
+	require.Contains(t, errs, `"type":"billrun.late_usage"`)
+	code, out, errs = runCLI(t, env("cli-b"), "run", "billrun", "--period", latest, "--adjust")
+	require.Equal(t, job.ExitOK, code, errs)
+	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
+	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
+	require.Equal(t, int64(1), res.Counts["adjustments_created"])
+	require.Equal(t, int64(333), res.Counts["adjusted_cents"])
+
 	unreachable := env("cli-c")
 	unreachable["COORDINATOR_LOCK_REDIS_URL"] = "redis://127.0.0.1:1/0"
 	code, out, _ = runCLI(t, unreachable, "run", "billrun", "--period", billrun.PeriodOf(time.Now().UTC()).Previous().Previous().String())

@@ -10,6 +10,7 @@ import (
 	"github.com/telco-platform/coordinator/internal/billrun"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/ownership"
 )
 
 // sub is one subscriber of a billing test.
@@ -342,4 +343,39 @@ func TestClaimRefusesAnOpenPeriod(t *testing.T) {
 	now := open.End(kiri).Add(time.Hour)
 	res := b.runner(billrun.Config{Calendar: billrun.Calendar{Zone: kiri, Now: func() time.Time { return now }}}).Run(ctx, open, trig())
 	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
+}
+
+// An adjustment run is fenced like a bill run: one whose claim was
+// superseded (its process paused, another replica claimed) writes nothing.
+func TestStaleAdjustmentCannotCommit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	b.insertSubs(t, period, []sub{{id: 1, status: "ACTIVE", fee: 1000}, {id: 2, status: "ACTIVE", fee: 1000}})
+	res := b.runner(billrun.Config{}).Run(ctx, period, trig())
+	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
+	_, err := b.pool.Exec(ctx, `insert into usage_charges (subscriber_id, period, amount_cents) values (1, $1, 30), (2, $1, 20)`, period.String())
+	require.NoError(t, err)
+
+	adjust := billrun.Request{Period: period, Adjust: true}
+	r := b.runner(billrun.Config{})
+	stale, res := r.template.Begin(ctx, r.kind, adjust, trig())
+	require.NotNil(t, stale, res.Error)
+	other := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "replica-b"})
+	defer other.Close()
+	o := b.runnerWith(other, "", billrun.Config{})
+	fresh, res := o.template.Begin(ctx, o.kind, adjust, trig())
+	require.NotNil(t, fresh, res.Error)
+	require.Equal(t, stale.Fence()+1, fresh.Fence())
+
+	res = stale.Execute(ctx)
+	require.Equal(t, job.OutcomeLost, res.Outcome, res.Error)
+	require.Equal(t, int64(0), b.count(t, `select count(*) from invoice_adjustments`))
+	require.Equal(t, billrun.StatusRunning, b.text(t, `select status from bill_run_adjustments where period = $1`, period.String()),
+		"the stale run does not touch the new claim")
+
+	res = fresh.Execute(ctx)
+	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
+	require.Equal(t, int64(2), res.Counts[billrun.CountAdjustmentsCreated])
+	require.Equal(t, int64(2), b.count(t, `select count(*) from invoice_adjustments where adjust_fence = $1`, fresh.Fence()))
 }
