@@ -10,7 +10,8 @@ import (
 // Config tunes the bill-run Worker. Zero fields take the deployment's
 // configuration where it has the setting, else the defaults named here.
 type Config struct {
-	// BatchSize is ACTIVE subscribers per batch transaction.
+	// BatchSize is subscribers (of the period's population) per batch
+	// transaction.
 	// COORDINATOR_BILLRUN_BATCH_SIZE, default 1000.
 	BatchSize int
 	// Workers is how many batch transactions run at once. The pool needs

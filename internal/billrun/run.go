@@ -19,7 +19,7 @@ import (
 
 // Counts keys of a bill run's Result.
 const (
-	CountSubscribers      = "subscribers"       // ACTIVE subscribers in the batches this run committed
+	CountSubscribers      = "subscribers"       // subscribers of the population in the batches this run committed
 	CountInvoicesCreated  = "invoices_created"  // invoices this run inserted
 	CountAlreadyInvoiced  = "already_invoiced"  // subscribers this run found already invoiced for the period
 	CountBatchesTotal     = "batches_total"     // skipped + planned by this run
@@ -150,7 +150,7 @@ func (w *Worker) Run(ctx context.Context, run *owned.Run, params owned.Params) (
 
 	var (
 		wg      sync.WaitGroup
-		planned atomic.Bool // the planner walked every ACTIVE id
+		planned atomic.Bool // the planner walked the whole population
 	)
 	if runCtx.Err() == nil {
 		run.Resumed(int64(len(ranges)))

@@ -81,7 +81,7 @@ type Progress struct {
 	BatchesCommitted int64 `json:"batches_committed"`
 	// BatchesTotal is the run's count of batches in all (bill_runs.
 	// batches_total): an estimate as it starts (committed batches plus the
-	// ACTIVE subscribers left, in batches), exact once its plan is complete,
+	// population left, in batches), exact once its plan is complete,
 	// the committed count once COMPLETED. Null while not known.
 	BatchesTotal *int64 `json:"batches_total"`
 	// Percent is BatchesCommitted of BatchesTotal (one decimal); 100 once
