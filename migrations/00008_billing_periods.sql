@@ -22,9 +22,6 @@
 alter table subscribers
     add column activated_at   timestamptz,
     add column deactivated_at timestamptz;
--- Bill runs walk the period's population in id order; covering, so the
--- keyset plan reads the index alone.
-create index subscribers_billing_id on subscribers (id) include (status, activated_at, deactivated_at, created_at);
 
 alter table bill_runs
     add column period_start timestamptz,
@@ -73,7 +70,6 @@ alter table bill_runs
     drop column billing_tz,
     drop column period_end,
     drop column period_start;
-drop index subscribers_billing_id;
 alter table subscribers
     drop column deactivated_at,
     drop column activated_at;

@@ -50,8 +50,8 @@
 //     here, so an HTTP caller can answer 202 once ownership is proven;
 //     Execute goes on with Run.
 //  3. Plan batches: keyset steps of BatchSize over the population's ids
-//     (the covering index subscribers_billing_id; the cutoff read back from
-//     the claimed row), never entering a range already in bill_run_batches
+//     (the primary key, filtered by the cutoff read back from the claimed
+//     row), never entering a range already in bill_run_batches
 //     for P (resume). The planner streams batches to the
 //     workers through a small channel: memory does not grow with the number
 //     of subscribers.
