@@ -447,7 +447,7 @@ func TestDocsCoverConfigurationEventsAndExitCodes(t *testing.T) {
 	catalogue := string(readFile(t, "docs/events.md"))
 	for _, typ := range []events.Type{events.OwnershipAcquired, events.OwnershipAlreadyOwned, events.OwnershipUnavailable,
 		events.OwnershipLost, events.OwnershipReleased, events.RunCompleted, events.RunAlreadyCompleted, events.RunFailed,
-		events.BillrunInvoiceConflict, events.TriggerRejected} {
+		events.BillrunInvoiceConflict, events.BillrunLateUsage, events.TriggerRejected} {
 		require.Containsf(t, catalogue, `"type": "`+string(typ)+`"`, "docs/events.md has no example of %s", typ)
 	}
 	// Each example in the catalogue is valid JSON in CloudEvents form.

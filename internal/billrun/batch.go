@@ -201,7 +201,8 @@ func (x *execution) runBatch(ctx context.Context, b batchRange, st *runState, re
 		}
 	}
 
-	if err := tx.QueryRow(ctx, sqlInsertInvoices, period, x.fence, b.first, b.last, cfg.ConflictSample).
+	if err := tx.QueryRow(ctx, sqlInsertInvoices, period, x.fence, b.first, b.last, cfg.ConflictSample,
+		x.cut.start, x.cut.end, x.cut.at, x.cut.zone, x.period.Days()).
 		Scan(&out.subscribers, &out.created, &out.sample); err != nil {
 		return out, err
 	}

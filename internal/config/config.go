@@ -130,6 +130,14 @@ type Config struct {
 	BillrunBatchSize int
 	// BillrunWorkers is the batch worker pool size. Default 4.
 	BillrunWorkers int
+	// BillingZone is the IANA zone billing months start and end in (at
+	// midnight there); the bill-run schedule fires there unless its spec
+	// names a CRON_TZ. COORDINATOR_BILLING_TZ, default UTC. Nil (a Config
+	// built by hand) is UTC.
+	BillingZone *time.Location
+	// BillrunMaxAgeMonths is how many months back a period may be billed
+	// without --force ("force": true). Default 24.
+	BillrunMaxAgeMonths int
 
 	// ProgressInterval is how often a run in flight logs its progress
 	// (<job>_progress records). Default 10s, at least 100ms.
@@ -366,6 +374,10 @@ func settings() []setting {
 			apply: func(c *Config, v string) (err error) { c.BillrunBatchSize, err = positiveInt(v, 100000); return err }},
 		{env: "COORDINATOR_BILLRUN_WORKERS", flag: "billrun-workers", usage: "concurrent batch transactions", def: lit("4"),
 			apply: func(c *Config, v string) (err error) { c.BillrunWorkers, err = positiveInt(v, 256); return err }},
+		{env: "COORDINATOR_BILLING_TZ", flag: "billing-tz", usage: "IANA time zone billing months start and end in (at midnight)", def: lit("UTC"),
+			apply: func(c *Config, v string) (err error) { c.BillingZone, err = zone(v); return err }},
+		{env: "COORDINATOR_BILLRUN_MAX_AGE_MONTHS", flag: "billrun-max-age-months", usage: "months back a period may be billed without --force", def: lit("24"),
+			apply: func(c *Config, v string) (err error) { c.BillrunMaxAgeMonths, err = positiveInt(v, 12000); return err }},
 		{env: "COORDINATOR_PROGRESS_INTERVAL", flag: "progress-interval", usage: "how often a run in flight logs its progress (<job>_progress)", def: lit("10s"),
 			apply: func(c *Config, v string) (err error) {
 				c.ProgressInterval, err = duration(v, 100*time.Millisecond)
@@ -865,6 +877,19 @@ func checkAddr(v string) error {
 // CronParser accepts an optional seconds field, descriptors (@every 30s,
 // @hourly) and CRON_TZ=/TZ= prefixes.
 var CronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
+
+// zone loads an IANA time zone name ("Europe/Berlin", "UTC"). "Local"
+// and the empty name are refused: billing must not depend on the host.
+func zone(v string) (*time.Location, error) {
+	if v == "" || v == "Local" {
+		return nil, errors.New("want an IANA time zone name, e.g. UTC or Europe/Berlin")
+	}
+	loc, err := time.LoadLocation(v)
+	if err != nil {
+		return nil, fmt.Errorf("unknown time zone (want an IANA name, e.g. Europe/Berlin): %w", err)
+	}
+	return loc, nil
+}
 
 func checkSchedule(v string) error {
 	if v == "" {

@@ -154,9 +154,11 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		}()
 	}
 
+	// The latest month closed in the billing zone (UTC, the default): the open
+	// month is never billable.
 	period := billrun.PeriodOf(time.Now().UTC()).Previous()
 	billKey := billrun.LockKey(period)
-	fmt.Fprintf(out, "coordinator demo: %d replicas, %d subscribers, %d stale MSISDN reservations, bill run %s\n\n",
+	fmt.Fprintf(out, "coordinator demo: %d replicas, %d subscribers, %d stale MSISDN reservations, bill run %s (the latest month closed in UTC)\n\n",
 		cfg.Replicas, cfg.Subscribers, cfg.StaleReservations, period)
 
 	// Dependencies.
@@ -307,7 +309,11 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		}
 	}
 	tl.mute()
-	fmt.Fprintf(out, "\n  %s\n\n", httpLine)
+	fmt.Fprintf(out, "\n  %s\n", httpLine)
+	// The open month is refused before anything runs: 422, period_not_closed.
+	open := period.Next()
+	openLine := postTrigger(runCtx, reps[0], token, open.String())
+	fmt.Fprintf(out, "  the open month %s: %s\n\n", open, openLine)
 	step("stopping   replicas (release locks, flush events)")
 	stopReplicas()
 
@@ -338,6 +344,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	if check.staleLeft != 0 {
 		problems = append(problems, fmt.Sprintf("%d stale reservations left", check.staleLeft))
+	}
+	if !strings.Contains(openLine, " answered 422 ") {
+		problems = append(problems, "the open month "+open.String()+" was not refused with 422: "+openLine)
 	}
 	if len(problems) > 0 {
 		return fmt.Errorf("%w: %s", ErrCheckFailed, strings.Join(problems, "; "))

@@ -16,7 +16,7 @@ import (
 func TestBillRunTriggeredFourTimesRunsOnce(t *testing.T) {
 	t.Parallel()
 	d := newDeployment(t, "")
-	const period = "2026-11"
+	period := monthsAgo(1)
 	key := "billrun:" + period
 	d.seedSubscribers(3000, period)
 	// 26 batches of 100 at 150 ms each over 4 workers: the run lasts about

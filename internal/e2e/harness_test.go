@@ -491,3 +491,14 @@ func (l *eventLog) waitFor(t *testing.T, bound time.Duration, n int, what string
 func ofType(typ, subject string) func(event) bool {
 	return func(e event) bool { return e.Type == typ && e.Subject == subject }
 }
+
+// monthsAgo is the period n months before the current one (UTC, the
+// default billing zone): closed for n >= 1. Tests use distinct periods so
+// they can share a database.
+func monthsAgo(n int) string {
+	p := billrun.PeriodOf(time.Now().UTC())
+	for range n {
+		p = p.Previous()
+	}
+	return p.String()
+}

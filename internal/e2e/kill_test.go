@@ -15,7 +15,7 @@ import (
 func TestOwnerKilledMidRunAnotherResumes(t *testing.T) {
 	t.Parallel()
 	d := newDeployment(t, "")
-	const period = "2026-07"
+	period := monthsAgo(5)
 	key := "billrun:" + period
 	d.seedSubscribers(3000, period)
 	// 26 batches at 400 ms over 4 workers: about 3 s of run to kill into.

@@ -26,6 +26,7 @@ const (
 	RunAlreadyCompleted    Type = "run.already_completed"
 	RunFailed              Type = "run.failed"
 	BillrunInvoiceConflict Type = "billrun.invoice_conflict"
+	BillrunLateUsage       Type = "billrun.late_usage"
 	TriggerRejected        Type = "trigger.rejected"
 )
 

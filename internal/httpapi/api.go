@@ -524,7 +524,7 @@ func (a *API) postRun(k owned.Kind) http.HandlerFunc {
 		}
 		req, err := DecodeRunRequest(k, body)
 		if err != nil {
-			writeProblem(w, r, newProblem(http.StatusBadRequest, CodeBadInput, badInputDetail(err)), 0)
+			writeProblem(w, r, rejectionProblem(err), 0)
 			return
 		}
 		t := trigger(r, req.RequestID, req.RequestedBy)

@@ -51,6 +51,9 @@ type Problem struct {
 	RequestID string `json:"requestId,omitempty"`
 	// Checks are readiness's failing conditions (name -> a fixed reason).
 	Checks map[string]string `json:"checks,omitempty"`
+	// Fields name the values a rejected trigger was refused for (a bill
+	// run's period and billing zone).
+	Fields map[string]string `json:"fields,omitempty"`
 }
 
 func newProblem(status int, code, detail string) Problem {
