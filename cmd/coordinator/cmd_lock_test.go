@@ -628,7 +628,7 @@ func TestLockTerminatesInTimeWhenRenewalsAreNotReplicated(t *testing.T) {
 	noOrphans(t, ready)
 	p := startLock(t, vars, append([]string{"--key", "cli/unrepl", "--grace", "1s", "--"},
 		helperArgv(t, "tree", "-ready", ready, "-signals", sigs, "-ignore-term")...)...)
-	pids := treePids(t, ready)
+	pids := p.treePids(t, ready)
 	set.Replica.Pause()
 	t.Cleanup(set.Replica.Resume)
 
