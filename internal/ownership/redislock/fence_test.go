@@ -78,6 +78,7 @@ func TestFenceIsMaxOfLastPlusOneAndRedisTime(t *testing.T) {
 		{"an hour ahead of the clock, same digits", nowUS() + int64(time.Hour/time.Microsecond)},
 		{"a digit longer than the clock, above 2^53", 99_999_999_999_999_990},
 		{"ending in nines", 1_999_999_999_999_999_999},
+		{"all nines: the carry adds a digit", 999_999_999_999_999_999},
 		{"2^62", 1 << 62},
 	} {
 		require.NoError(t, admin.Set(ctx, fenceKey, c.last, 0).Err())
