@@ -207,3 +207,27 @@ func TestSweepRejectsInvalidConfig(t *testing.T) {
 	}
 	require.NoError(t, Config{}.Validate())
 }
+
+// Both walks clear the swept reservation's token with its hold (the walk
+// by expiry came from a branch written before reservations had tokens).
+func TestSweepClearsTheTokenOnEitherWalk(t *testing.T) {
+	t.Parallel()
+	for _, scan := range []string{walkExpiry, walkMsisdn} {
+		t.Run(scan, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pg := testenv.Postgres(t)
+			_, err := pg.Pool.Exec(ctx, `insert into msisdn_pool (msisdn, state, reserved_until, reserved_by, reservation_token)
+				values ('447700900001', 'RESERVED', now() - interval '1 second', 'shop', 'tok')`)
+			require.NoError(t, err)
+			rec := &events.Recorder{}
+			res := NewTestSweeper(pg.Pool, memLocker(t, "replica-a", time.Second), rec, Config{scan: scan}).Sweep(ctx, cliTrigger)
+			require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
+			require.Equal(t, int64(1), res.Counts["freed"])
+			require.Equal(t, scan, rec.OfType(events.RunCompleted)[0].Extra["walk"])
+			var token *string
+			require.NoError(t, pg.Pool.QueryRow(ctx, `select reservation_token from msisdn_pool where msisdn = '447700900001'`).Scan(&token))
+			require.Nil(t, token, "the sweep left the token of a freed number")
+		})
+	}
+}
