@@ -288,7 +288,7 @@ func TestAlertRulesUseRealMetricsAndHaveRunbookEntries(t *testing.T) {
 			}
 		}
 	}
-	// The alerts the issue and ADR-024's Consequences ask for.
+	// The alerts the issue and ADR-024's Consequences (docs/adr/024-distributed-lock-strategy.md) ask for.
 	for _, want := range []string{"CoordinatorLockBackendUnavailable", "CoordinatorLeasesLost", "CoordinatorBillRunFailed",
 		"CoordinatorTriggerDLQGrowing", "CoordinatorEventsDropped", "CoordinatorTriggerRetrying"} {
 		require.Contains(t, alerts, want)
@@ -447,7 +447,7 @@ func TestDocsCoverConfigurationEventsAndExitCodes(t *testing.T) {
 	catalogue := string(readFile(t, "docs/events.md"))
 	for _, typ := range []events.Type{events.OwnershipAcquired, events.OwnershipAlreadyOwned, events.OwnershipUnavailable,
 		events.OwnershipLost, events.OwnershipReleased, events.RunCompleted, events.RunAlreadyCompleted, events.RunFailed,
-		events.BillrunInvoiceConflict, events.TriggerRejected} {
+		events.BillrunInvoiceConflict, events.BillrunLateUsage, events.TriggerRejected} {
 		require.Containsf(t, catalogue, `"type": "`+string(typ)+`"`, "docs/events.md has no example of %s", typ)
 	}
 	// Each example in the catalogue is valid JSON in CloudEvents form.

@@ -1,5 +1,5 @@
 -- Billing: subscribers, rated usage, invoices, and the bill-run claim with its
--- per-batch progress. Table and column names are DESIGN.md's contract.
+-- per-batch progress. Table and column names are the contract (docs/contract.md).
 
 -- +goose Up
 create table subscribers (

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/telco-platform/coordinator/internal/billrun"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/postgres"
 	"github.com/telco-platform/coordinator/internal/testenv"
@@ -74,7 +75,7 @@ func TestDocumentedRolesSeparateDDLFromDML(t *testing.T) {
 	require.Equal(t, 0, code, errs)
 
 	// The app role does a replica's work.
-	code, out, errs := runCLI(t, env(app), "run", "billrun", "--period", "2026-11")
+	code, out, errs := runCLI(t, env(app), "run", "billrun", "--period", billrun.PeriodOf(time.Now().UTC()).Previous().String())
 	require.Equal(t, job.ExitOK, code, errs)
 	var res job.Result
 	require.NoError(t, json.Unmarshal([]byte(out), &res), out)

@@ -58,6 +58,7 @@ func parseKindCall(cio cliIO, verb string, args []string, synopsis string, more 
 	if code != 0 {
 		return kindCall{}, code
 	}
+	reg.Configure(cfg) // the kind's checks follow the deployment (a bill run's billing zone)
 	p, err := build(rest)
 	if err != nil {
 		fmt.Fprintf(cio.stderr, "coordinator %s: %v\n", c.name, err)

@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/telco-platform/coordinator/internal/billrun"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/testenv"
 )
@@ -22,8 +24,10 @@ func TestSeedAndRunBillrun(t *testing.T) {
 		}
 	}
 
+	// The latest month closed in UTC (the default billing zone).
+	latest := billrun.PeriodOf(time.Now().UTC()).Previous().String()
 	code, out, errs := runCLI(t, env("seeder"), "seed", "--subscribers", "500", "--suspended-ratio", "0.1",
-		"--terminated-ratio", "0.1", "--usage", "--period", "2026-11")
+		"--terminated-ratio", "0.1", "--usage", "--period", latest)
 	require.Equal(t, 0, code, errs)
 	var seeded struct {
 		Subscribers  int64 `json:"subscribers"`
@@ -34,17 +38,17 @@ func TestSeedAndRunBillrun(t *testing.T) {
 	require.Equal(t, int64(500), seeded.Subscribers)
 	require.Positive(t, seeded.UsageCharges)
 	// Idempotent: the same ids again create nothing.
-	code, out, errs = runCLI(t, env("seeder"), "seed", "--subscribers", "500", "--usage", "--period", "2026-11")
+	code, out, errs = runCLI(t, env("seeder"), "seed", "--subscribers", "500", "--usage", "--period", latest)
 	require.Equal(t, 0, code, errs)
 	require.Contains(t, out, `"subscribers":0`)
 
-	code, out, errs = runCLI(t, env("cli-a"), "run", "billrun", "--period", "2026-11", "--request-id", "r-1")
+	code, out, errs = runCLI(t, env("cli-a"), "run", "billrun", "--period", latest, "--request-id", "r-1")
 	require.Equal(t, job.ExitOK, code, errs)
 	var res job.Result
 	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
 	require.Equal(t, job.OutcomeCompleted, res.Outcome)
 	require.Equal(t, "billrun", res.Job)
-	require.Equal(t, "billrun:2026-11", res.Key)
+	require.Equal(t, "billrun:"+latest, res.Key)
 	require.Equal(t, "r-1", res.RequestID)
 	require.Equal(t, "cli-a", res.Owner)
 	require.Equal(t, seeded.Active, res.Counts["invoices_created"])
@@ -52,19 +56,37 @@ func TestSeedAndRunBillrun(t *testing.T) {
 		require.Contains(t, errs, typ)
 	}
 	var invoices int64
-	require.NoError(t, pg.Pool.QueryRow(context.Background(), `select count(*) from invoices where period = '2026-11'`).Scan(&invoices))
+	require.NoError(t, pg.Pool.QueryRow(context.Background(), `select count(*) from invoices where period = $1`, latest).Scan(&invoices))
 	require.Equal(t, seeded.Active, invoices)
 
-	code, out, errs = runCLI(t, env("cli-b"), "run", "billrun", "--period", "2026-11")
+	code, out, errs = runCLI(t, env("cli-b"), "run", "billrun", "--period", latest)
 	require.Equal(t, job.ExitOK, code, errs)
 	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
 	require.Equal(t, job.OutcomeAlreadyCompleted, res.Outcome)
 	require.Equal(t, "cli-a", res.Owner)
 	require.Contains(t, errs, `"type":"run.already_completed"`)
 
+	// Usage that arrives after COMPLETED: the next answer reports it, --adjust invoices it.
+	_, err := pg.Pool.Exec(context.Background(), `insert into usage_charges (subscriber_id, period, amount_cents)
+		select min(subscriber_id), $1, 333 from invoices where period = $1`, latest)
+	require.NoError(t, err)
+	code, out, errs = runCLI(t, env("cli-b"), "run", "billrun", "--period", latest)
+	require.Equal(t, job.ExitOK, code, errs)
+	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
+	require.Equal(t, job.OutcomeAlreadyCompleted, res.Outcome)
+	require.Equal(t, int64(1), res.Counts["late_usage_subscribers"])
+	require.Equal(t, int64(333), res.Counts["late_usage_cents"])
+	require.Contains(t, errs, `"type":"billrun.late_usage"`)
+	code, out, errs = runCLI(t, env("cli-b"), "run", "billrun", "--period", latest, "--adjust")
+	require.Equal(t, job.ExitOK, code, errs)
+	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
+	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
+	require.Equal(t, int64(1), res.Counts["adjustments_created"])
+	require.Equal(t, int64(333), res.Counts["adjusted_cents"])
+
 	unreachable := env("cli-c")
 	unreachable["COORDINATOR_LOCK_REDIS_URL"] = "redis://127.0.0.1:1/0"
-	code, out, _ = runCLI(t, unreachable, "run", "billrun", "--period", "2026-12")
+	code, out, _ = runCLI(t, unreachable, "run", "billrun", "--period", billrun.PeriodOf(time.Now().UTC()).Previous().Previous().String())
 	require.Equal(t, job.ExitUnavailable, code)
 	require.Contains(t, out, `"outcome":"unavailable"`)
 }
@@ -72,8 +94,16 @@ func TestSeedAndRunBillrun(t *testing.T) {
 func TestRunBillrunBadInput(t *testing.T) {
 	t.Parallel()
 	env := map[string]string{"COORDINATOR_DATABASE_URL": "postgres://127.0.0.1:1/none"}
+	open := billrun.PeriodOf(time.Now().UTC())
 	for _, args := range [][]string{
 		{"run", "billrun"},
+		{"run", "billrun", "--period", open.String()},             // not closed
+		{"run", "billrun", "--period", open.String(), "--force"},  // not closed, forced
+		{"run", "billrun", "--period", open.Next().String()},      // future
+		{"run", "billrun", "--period", "2999-12"},                 // future
+		{"run", "billrun", "--period", "2000-01"},                 // older than 24 months, not forced
+		{"run", "billrun", "--period", open.String(), "--adjust"}, // not closed
+		{"trigger", "billrun", "--period", open.String()},         // refused before producing
 		{"run", "billrun", "--period", "2026-13"},
 		{"run", "billrun", "--period", "1999-12"},
 		{"run", "billrun", "--period", "2026-11", "extra"},
@@ -86,4 +116,13 @@ func TestRunBillrunBadInput(t *testing.T) {
 	}
 	_, _, errs := runCLI(t, env, "run", "billrun", "--period", "2026-13")
 	require.Contains(t, errs, `"2026-13"`, "the message names the bad value")
+	_, _, errs = runCLI(t, env, "run", "billrun", "--period", open.String(), "--force")
+	require.Contains(t, errs, "period_not_closed")
+	require.Contains(t, errs, open.String()+" is not closed in the billing zone UTC")
+	berlin := map[string]string{"COORDINATOR_DATABASE_URL": "postgres://127.0.0.1:1/none", "COORDINATOR_BILLING_TZ": "Europe/Berlin"}
+	_, _, errs = runCLI(t, berlin, "run", "billrun", "--period", open.String())
+	require.Contains(t, errs, "billing zone Europe/Berlin", "the deployment's zone")
+	code, _, errs := runCLI(t, map[string]string{"COORDINATOR_BILLING_TZ": "Mars/Olympus"}, "run", "billrun", "--period", "2026-11")
+	require.Equal(t, job.ExitUsage, code)
+	require.Contains(t, errs, "COORDINATOR_BILLING_TZ")
 }

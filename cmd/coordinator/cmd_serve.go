@@ -70,9 +70,9 @@ func runServe(ctx context.Context, cio cliIO, args []string) int {
 		return job.ExitFailed
 	}
 	<-ctx.Done()
-	log.Info("shutdown_started", "timeout", cfg.ShutdownTimeout)
+	log.Info("shutdown_started", "timeout_ms", cfg.ShutdownTimeout.Milliseconds())
 	start := time.Now()
 	r.Stop()
-	log.Info("shutdown_complete", "took_ms", time.Since(start).Milliseconds())
+	log.Info("shutdown_complete", "duration_ms", time.Since(start).Milliseconds())
 	return 0
 }

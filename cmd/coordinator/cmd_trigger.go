@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -84,9 +85,17 @@ func runTrigger(ctx context.Context, cio cliIO, args []string) int {
 
 // kafkaClient builds a CLI command's Kafka client on the configured brokers
 // with the configured TLS and SASL (internal/kafkaconn), plus opts. On error
-// it prints the reason and returns the exit code.
+// it prints the reason and returns the exit code. franz-go's warnings and
+// errors are log records on stderr; below warn its lines would only bury
+// the command's own output, so they are logged from warn up whatever
+// COORDINATOR_LOG_LEVEL says.
 func kafkaClient(cio cliIO, name string, cfg config.Config, opts ...kgo.Opt) (*kgo.Client, int) {
-	sec, err := kafkaconn.Options(cfg)
+	lc := cfg
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil || level < slog.LevelWarn {
+		lc.LogLevel = "warn"
+	}
+	sec, err := kafkaconn.Options(cfg, newLogger(lc, cio.stderr))
 	if err != nil {
 		fmt.Fprintf(cio.stderr, "coordinator %s: %v\n", name, err)
 		return nil, job.ExitUsage

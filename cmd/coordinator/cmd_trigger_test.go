@@ -110,7 +110,7 @@ func TestTriggerProducesAndWatchPrintsEvents(t *testing.T) {
 		done := make(chan int, 1)
 		go func() { done <- dispatch(ctx, cio(&wout, &werr), args) }()
 		require.EventuallyWithT(t, func(c *assert.CollectT) {
-			assert.Contains(c, wout.String(), "\n", "watch printed nothing: %s", werr.String())
+			require.Contains(c, wout.String(), "\n", "watch printed nothing: %s", werr.String())
 		}, 30*time.Second, 20*time.Millisecond)
 		cancel() // SIGINT
 		select {

@@ -156,24 +156,38 @@ func (p *lockProc) readErr() string {
 	return string(b)
 }
 
-func (p *lockProc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
 // treePids reads the pids a tree helper wrote to its ready file ("role pid"
 // lines) once it is set up; it fails after a generous bound.
 func treePids(t *testing.T, ready string) map[string]int {
 	t.Helper()
+	return readTreePids(t, ready, nil)
+}
+
+// treePids is treePids for the tree p runs: it fails at once, with p's
+// stderr, when p exits before its command is ready (the lock not taken).
+func (p *lockProc) treePids(t *testing.T, ready string) map[string]int {
+	t.Helper()
+	return readTreePids(t, ready, p)
+}
+
+func readTreePids(t *testing.T, ready string, p *lockProc) map[string]int {
+	t.Helper()
 	var b []byte
 	require.Eventually(t, func() bool {
 		var err error
-		b, err = os.ReadFile(ready)
-		return err == nil
+		if b, err = os.ReadFile(ready); err == nil {
+			return true
+		}
+		if p != nil {
+			select {
+			case <-p.done:
+				b, _ = os.ReadFile(ready)
+				require.NotEmpty(t, b, "coordinator lock exited %d before its command was ready:\n%s", p.code, p.readErr())
+				return true
+			default:
+			}
+		}
+		return false
 	}, 30*time.Second, 10*time.Millisecond, "the command never became ready")
 	pids := map[string]int{}
 	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {

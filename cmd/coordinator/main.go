@@ -20,6 +20,7 @@ import (
 
 	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/ownership/redislock"
 )
 
 // version is set at build time with -ldflags "-X main.version=..."; empty,
@@ -219,6 +220,8 @@ func loadConfig(cio cliIO, name string, args []string) (config.Config, []string,
 }
 
 // newLogger builds the process logger from the configuration; it writes to w.
+// It is go-redis' logger too (one for the process): go-redis' own lines
+// become records like every other.
 func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(cfg.LogLevel))
@@ -227,7 +230,9 @@ func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
 	if cfg.LogFormat == "json" {
 		h = slog.NewJSONHandler(w, opts)
 	}
-	return slog.New(h).With("replica", cfg.ReplicaID)
+	log := slog.New(h).With("replica", cfg.ReplicaID)
+	redislock.SetLogger(log)
+	return log
 }
 
 // versionString is the -ldflags version, else the module version and VCS

@@ -8,13 +8,18 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/telco-platform/coordinator/internal/billrun"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
 	"github.com/telco-platform/coordinator/internal/testenv"
 )
+
+// progressPeriod is a closed month (two before the current one, UTC).
+var progressPeriod = billrun.PeriodOf(time.Now().UTC()).Previous().Previous().String()
 
 func billrunEnv(t *testing.T, batch string) map[string]string {
 	t.Helper()
@@ -46,7 +51,7 @@ func TestRunShowsAProgressBarOnATerminal(t *testing.T) {
 	require.NoError(t, err)
 	out := readPTY(master)
 	var stdout bytes.Buffer
-	cmd := cliCommand(coordinatorBinary(t), env, "run", "billrun", "--period", "2026-10")
+	cmd := cliCommand(coordinatorBinary(t), env, "run", "billrun", "--period", progressPeriod)
 	cmd.Stderr, cmd.Stdout = slave, &stdout
 	require.NoError(t, cmd.Run())
 	_ = slave.Close()
@@ -54,7 +59,7 @@ func TestRunShowsAProgressBarOnATerminal(t *testing.T) {
 	require.NoError(t, json.Unmarshal(stdout.Bytes(), &res), stdout.String())
 	require.Equal(t, job.OutcomeCompleted, res.Outcome)
 
-	out.waitFor(t, "billrun:2026-10 ["+strings.Repeat("#", 30)+"] 100.0% 10/10 batches")
+	out.waitFor(t, "billrun:"+progressPeriod+" ["+strings.Repeat("#", 30)+"] 100.0% 10/10 batches")
 	screen := out.String()
 	require.Contains(t, screen, "\r\x1b[K", "the bar is redrawn in place")
 	require.Contains(t, screen, `"type":"run.completed"`, "events still show, above the bar")
@@ -71,7 +76,7 @@ func TestRunLogsProgressOffATerminal(t *testing.T) {
 	env["COORDINATOR_LOG_FORMAT"] = "json"
 	env[envTestBatchDelay] = "60ms" // 10 batches: the run outlasts a few intervals
 	var stdout, stderr bytes.Buffer
-	cmd := cliCommand(testenv.CoordinatorBinary(t), env, "run", "billrun", "--period", "2026-10", "--request-id", "p-1")
+	cmd := cliCommand(testenv.CoordinatorBinary(t), env, "run", "billrun", "--period", progressPeriod, "--request-id", "p-1")
 	cmd.Stderr, cmd.Stdout = &stderr, &stdout
 	require.NoError(t, cmd.Run(), stderr.String())
 	require.NotContains(t, stderr.String(), "\x1b", "no bar off a terminal")
@@ -96,7 +101,7 @@ func TestBadTracingVariableExits64(t *testing.T) {
 	t.Parallel()
 	env := map[string]string{"COORDINATOR_DATABASE_URL": "postgres://127.0.0.1:1/none", "OTEL_TRACES_EXPORTER": "otlp",
 		"OTEL_EXPORTER_OTLP_PROTOCOL": "carrier-pigeon"}
-	for _, args := range [][]string{{"serve"}, {"run", "billrun", "--period", "2026-10"}} {
+	for _, args := range [][]string{{"serve"}, {"run", "billrun", "--period", progressPeriod}} {
 		var stdout, stderr bytes.Buffer
 		cmd := cliCommand(coordinatorBinary(t), env, args...)
 		cmd.Stderr, cmd.Stdout = &stderr, &stdout
@@ -108,7 +113,7 @@ func TestBadTracingVariableExits64(t *testing.T) {
 	}
 	env["OTEL_TRACES_EXPORTER"] = "console"
 	var stderr bytes.Buffer
-	cmd := cliCommand(coordinatorBinary(t), env, "run", "billrun", "--period", "2026-10")
+	cmd := cliCommand(coordinatorBinary(t), env, "run", "billrun", "--period", progressPeriod)
 	cmd.Stderr = &stderr
 	var ee *exec.ExitError
 	require.ErrorAs(t, cmd.Run(), &ee)

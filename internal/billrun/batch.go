@@ -118,7 +118,7 @@ func (x *execution) runBatchRetrying(ctx context.Context, b batchRange, st *runS
 		cfg.Metrics.batch("retried", 1)
 		delay := backoff(cfg.RetryBackoff, attempt)
 		x.log.Warn("billrun_batch_retry", "first_id", b.first, "last_id", b.last, "attempt", attempt,
-			"delay_ms", delay.Milliseconds(), "err", err)
+			"delay_ms", delay.Milliseconds(), "error", err)
 		if !sleep(ctx, delay) {
 			return nil
 		}
@@ -201,7 +201,8 @@ func (x *execution) runBatch(ctx context.Context, b batchRange, st *runState, re
 		}
 	}
 
-	if err := tx.QueryRow(ctx, sqlInsertInvoices, period, x.fence, b.first, b.last, cfg.ConflictSample).
+	if err := tx.QueryRow(ctx, sqlInsertInvoices, period, x.fence, b.first, b.last, cfg.ConflictSample,
+		x.cut.start, x.cut.end, x.cut.at, x.cut.zone, x.period.Days()).
 		Scan(&out.subscribers, &out.created, &out.sample); err != nil {
 		return out, err
 	}

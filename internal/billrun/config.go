@@ -10,7 +10,8 @@ import (
 // Config tunes the bill-run Worker. Zero fields take the deployment's
 // configuration where it has the setting, else the defaults named here.
 type Config struct {
-	// BatchSize is ACTIVE subscribers per batch transaction.
+	// BatchSize is subscribers (of the period's population) per batch
+	// transaction.
 	// COORDINATOR_BILLRUN_BATCH_SIZE, default 1000.
 	BatchSize int
 	// Workers is how many batch transactions run at once. The pool needs
@@ -38,6 +39,10 @@ type Config struct {
 	// Metrics records the coordinator_billrun_ series. Default: new ones
 	// on the deployment's registerer.
 	Metrics *Metrics
+	// Calendar is the billing zone, the age limit and the clock. Unset
+	// fields take the deployment's (COORDINATOR_BILLING_TZ,
+	// COORDINATOR_BILLRUN_MAX_AGE_MONTHS), else UTC and 24 months.
+	Calendar Calendar
 
 	// beforeBatch is a test seam (export_test.go, and binaries built with
 	// -tags testhooks): it runs in the worker before each batch transaction,
@@ -53,6 +58,7 @@ func (c Config) withDefaults() Config {
 	c.RetryBackoff = cmp.Or(c.RetryBackoff, 200*time.Millisecond)
 	c.IdleInTransactionTimeout = cmp.Or(c.IdleInTransactionTimeout, 10*time.Second)
 	c.ConflictSample = cmp.Or(c.ConflictSample, 20)
+	c.Calendar = c.Calendar.withDefaults()
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -1,11 +1,39 @@
 // Package billrun runs a billing period's bill run with one owner across
-// replicas: ADR-024's first consumer (billing-service's RunBillCommandHandler
+// replicas: ADR-024's (docs/adr/024-distributed-lock-strategy.md) first consumer (billing-service's RunBillCommandHandler
 // and BillRunBatchProcessor, re-thought). It is a kind of owned run (Kind;
 // its Worker is a Claimer): the owned template takes the lock, calls Claim
 // and Run, emits the ownership events and releases; this package claims,
 // plans and runs the fenced batches. Files: kind.go (the kind: spec,
-// decoding, flags), claim.go, plan.go, batch.go, retry.go, run.go (the run's
-// end), status.go, sql.go.
+// decoding, flags), calendar.go (which periods may be billed), claim.go,
+// plan.go, batch.go, retry.go, run.go (the run's end), adjust.go (late usage
+// and adjustment runs), status.go, sql.go.
+//
+// # Billing periods
+//
+// A period starts and ends at midnight in the billing zone (Calendar;
+// COORDINATOR_BILLING_TZ, default UTC). It is billable once closed (its end
+// is past there): the open month and future months are refused as a trigger
+// is decoded (Decode, Flags: owned.Reject period_not_closed, so a Kafka
+// record goes to the DLQ, HTTP answers 422, the CLI exits 64), whatever
+// force says, and by Claim as a backstop. A period more than MaxAgeMonths
+// (COORDINATOR_BILLRUN_MAX_AGE_MONTHS, 24) before the current month needs
+// force (period_too_old). The kind learns the zone and the limit from the
+// deployment through owned.Configurer; the schedule fires in the billing zone
+// unless its spec names one, and a tick bills the month before the tick's
+// there.
+//
+// The population of period P is fixed by the run's first claim, which records
+// P's start and end instants in the billing zone, the zone and the claim time
+// (cutoff_at) in bill_runs; every later claim keeps them. A subscriber is in
+// it when created_at <= cutoff_at, activated_at is NULL or before end(P),
+// deactivated_at is NULL or after start(P), and it is not deactivated by
+// status alone (status other than ACTIVE with deactivated_at NULL counts as
+// deactivated before any period). Its invoice is monthly_fee_cents *
+// active_days / days_in_month rounded half up, plus the period's usage
+// charges (stored apart in usage_cents); a day (in the recorded zone) counts
+// when the subscriber was active for any part of it, so a full month is
+// exactly the fee and a deactivation at midnight does not count the day it
+// begins.
 //
 // # A run
 //
@@ -21,17 +49,18 @@
 //     lock_fence = the Redis lease's fencing token. The template's Begin stops
 //     here, so an HTTP caller can answer 202 once ownership is proven;
 //     Execute goes on with Run.
-//  3. Plan batches: keyset steps of BatchSize over ACTIVE subscriber ids (the
-//     partial index subscribers_active_id), never entering a range already
-//     in bill_run_batches for P (resume). The planner streams batches to the
+//  3. Plan batches: keyset steps of BatchSize over the population's ids
+//     (the primary key, filtered by the cutoff read back from the claimed
+//     row), never entering a range already in bill_run_batches
+//     for P (resume). The planner streams batches to the
 //     workers through a small channel: memory does not grow with the number
 //     of subscribers.
 //  4. Workers (Workers of them) run each batch as one transaction:
 //     (a) SELECT ... FROM bill_runs WHERE period=P AND fence=F AND status='RUNNING' FOR SHARE
 //     — no row means the claim was superseded and the batch aborts;
-//     (b) one INSERT ... SELECT of the range's invoices, amount = monthly fee
-//     + the period's usage charges, ON CONFLICT (subscriber_id, period) DO
-//     NOTHING RETURNING subscriber_id — subscribers minus inserted rows are
+//     (b) one INSERT ... SELECT of the range's invoices, amount = the
+//     prorated monthly fee + the period's usage charges, ON CONFLICT
+//     (subscriber_id, period) DO NOTHING RETURNING subscriber_id — subscribers minus inserted rows are
 //     already_invoiced, with a sample of their ids;
 //     (c) INSERT into bill_run_batches (range, fence, owner, counts); COMMIT.
 //  5. End under the fence (sqlFinish: UPDATE ... WHERE fence=F AND
@@ -44,9 +73,9 @@
 //
 // A run tells the template (owned.Run) the batches earlier runs committed,
 // each batch it commits with its subscribers, and its total: an estimate
-// counted beside the first batches (sqlCountToPlan: the ACTIVE subscribers
-// less those of the committed batches, in batches), then the exact number
-// once the planner has walked every ACTIVE id (progress.go). The total is
+// counted beside the first batches (sqlCountToPlan: the population less
+// those of the committed batches, in batches), then the exact number once
+// the planner has walked the whole population (progress.go). The total is
 // stored in bill_runs.batches_total under the fence, so GET
 // /v1/billruns/{period} shows the same progress on every replica (Status.
 // Progress; percent 100 once COMPLETED). Each batch is a billrun.batch span
@@ -108,6 +137,10 @@
 //     lock is released at once.
 //   - Fence superseded (a batch's fence check found no row, or the final
 //     update did): lost, reason fence_lost; the row is left to its new owner.
+//   - A claim under a lock fence below the row's lock_fence (this replica's
+//     lock was lost without it noticing and a newer holder claimed the run):
+//     refused, lost, reason fence_lost, naming both lock fences; the row is
+//     left to the newer holder.
 //   - Process killed (kill -9): committed batches stay committed, the
 //     in-flight transaction rolls back (Postgres), the lock expires after the
 //     watchdog timeout; the next trigger claims fence+1 and resumes, skipping
@@ -129,5 +162,22 @@
 // Resume never double-bills or skips: a committed range is skipped whole and
 // ranges are never split across runs; ON CONFLICT DO NOTHING is only the
 // backstop. A subscriber whose status changes after its range was committed
-// is not revisited by the same period's run.
+// is not revisited by the same period's run; one created after the cutoff
+// is not in it.
+//
+// # Late usage
+//
+// Usage of P that arrives after P is COMPLETED is the difference between the
+// subscriber's usage charges and what its invoice (usage_cents) and earlier
+// adjustments cover: an amount, so the order in which usage transactions
+// commit does not matter. A trigger that finds P COMPLETED measures it
+// (sqlLateUsage) and reports it: billrun.late_usage, the gauge
+// coordinator_billrun_late_usage_subscribers{period}, and the counts
+// late_usage_subscribers and late_usage_cents. An adjustment run (Request
+// Adjust; `coordinator run billrun --period P --adjust`) takes the same lock,
+// claims bill_run_adjustments (fence+1 per claim, refused to a stale lock
+// fence, only once the bill run is COMPLETED) and, in one transaction that
+// holds that row FOR SHARE under its fence, inserts one invoice_adjustments
+// row per subscriber with uncovered usage (unique subscriber, period,
+// fence) and ends the claim COMPLETED. Repeating it finds nothing to do.
 package billrun

@@ -18,6 +18,8 @@ type Metrics struct {
 	already     prometheus.Counter
 	conflicts   prometheus.Counter
 	runningRuns prometheus.Gauge
+	lateUsage   *prometheus.GaugeVec
+	adjustments prometheus.Counter
 }
 
 // Batch phases timed by coordinator_billrun_batch_phase_seconds.
@@ -61,9 +63,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "coordinator_billrun_running",
 			Help: "Bill runs this replica is executing now.",
 		}),
+		lateUsage: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "coordinator_billrun_late_usage_subscribers",
+			Help: "Subscribers of a COMPLETED period with usage no invoice or adjustment covers, as last checked (a trigger answered already_completed, or an adjustment run ended).",
+		}, []string{"period"}),
+		adjustments: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "coordinator_billrun_adjustments_created_total",
+			Help: "Invoice adjustments inserted by adjustment runs (late usage).",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.runs, m.batches, m.phase, m.invoices, m.already, m.conflicts, m.runningRuns)
+		reg.MustRegister(m.runs, m.batches, m.phase, m.invoices, m.already, m.conflicts, m.runningRuns, m.lateUsage, m.adjustments)
 	}
 	return m
 }
@@ -103,5 +113,17 @@ func (m *Metrics) uniqueViolation() {
 func (m *Metrics) running(delta float64) {
 	if m != nil {
 		m.runningRuns.Add(delta)
+	}
+}
+
+func (m *Metrics) lateUsageChecked(p Period, subscribers int64) {
+	if m != nil {
+		m.lateUsage.WithLabelValues(p.String()).Set(float64(subscribers))
+	}
+}
+
+func (m *Metrics) adjusted(n int64) {
+	if m != nil {
+		m.adjustments.Add(float64(n))
 	}
 }

@@ -7,7 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// batchRange is one planned batch: the ACTIVE subscribers with ids in
+// batchRange is one planned batch: the population's subscribers with ids in
 // [first, last].
 type batchRange struct {
 	first, last int64
@@ -30,7 +30,7 @@ func (x *execution) committedRanges(ctx context.Context) ([]batchRange, error) {
 	return out, err
 }
 
-// plan walks ACTIVE subscriber ids in keyset steps of BatchSize, never into
+// plan walks the population's subscriber ids in keyset steps of BatchSize, never into
 // a committed range: a step is bounded by the next committed range's first
 // id, and a committed range is jumped over whole. Batches go to out as they
 // are found, so memory stays flat however many subscribers there are.
@@ -44,7 +44,8 @@ func (x *execution) plan(ctx context.Context, committed []batchRange, out chan<-
 		}
 		var b batchRange
 		err := x.retry(ctx, "plan", func(ctx context.Context) error {
-			return x.pool.QueryRow(ctx, sqlNextBatch, cursor, bound, x.cfg.BatchSize).Scan(&b.first, &b.last, &b.n)
+			return x.pool.QueryRow(ctx, sqlNextBatch, cursor, bound, x.cfg.BatchSize,
+				x.cut.start, x.cut.end, x.cut.at).Scan(&b.first, &b.last, &b.n)
 		})
 		if err != nil {
 			return err

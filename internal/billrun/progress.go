@@ -9,7 +9,7 @@ import (
 // total keeps the run's progress denominator (owned.Run.SetTotal and
 // bill_runs.batches_total): an estimate from sqlCountToPlan while the plan
 // goes on (counted beside it, so the first batches do not wait for the
-// count), then the exact number once the planner has walked every ACTIVE id.
+// count), then the exact number once the planner has walked the whole population.
 type total struct {
 	x       *execution
 	skipped int64
@@ -37,9 +37,9 @@ func (x *execution) startTotal(ctx context.Context, wg *sync.WaitGroup, skipped 
 func (t *total) estimate(ctx context.Context) {
 	x := t.x
 	var left int64
-	if err := x.pool.QueryRow(ctx, sqlCountToPlan, x.period.String()).Scan(&left); err != nil {
+	if err := x.pool.QueryRow(ctx, sqlCountToPlan, x.period.String(), x.cut.start, x.cut.end, x.cut.at).Scan(&left); err != nil {
 		if ctx.Err() == nil {
-			x.log.Warn("billrun_count_failed", "err", err, "detail", "progress has no total until the plan is complete")
+			x.log.Warn("billrun_count_failed", "error", err, "detail", "progress has no total until the plan is complete")
 		}
 		return
 	}
@@ -78,6 +78,6 @@ func (t *total) set(ctx context.Context, n int64) {
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if _, err := x.pool.Exec(wctx, sqlRecordTotal, x.period.String(), x.fence, n); err != nil && ctx.Err() == nil {
-		x.log.Warn("billrun_record_total_failed", "err", err, "batches_total", n)
+		x.log.Warn("billrun_record_total_failed", "error", err, "batches_total", n)
 	}
 }

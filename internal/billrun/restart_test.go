@@ -127,7 +127,7 @@ func TestPostgresRestartMidRun(t *testing.T) {
 	})
 
 	t.Run("down too long fails, a later run resumes", func(t *testing.T) {
-		p := billrun.Period{Year: 2026, Month: time.December}
+		p := period.Previous()
 		hook, at4, resume := pauseAt4(t)
 		// The outage lasts until the run, its batch's tries spent, retries
 		// marking itself FAILED (which it does for up to 15s).

@@ -24,7 +24,7 @@ func (r retrier) retry(ctx context.Context, what string, fn func(context.Context
 			return err
 		}
 		delay := backoff(r.cfg.RetryBackoff, attempt)
-		r.log.Warn("billrun_retry", "step", what, "attempt", attempt, "delay_ms", delay.Milliseconds(), "err", err)
+		r.log.Warn("billrun_retry", "step", what, "attempt", attempt, "delay_ms", delay.Milliseconds(), "error", err)
 		if !sleep(ctx, delay) {
 			return ctx.Err()
 		}
@@ -39,7 +39,7 @@ func (r retrier) retryUntil(ctx context.Context, what string, fn func(context.Co
 			return err
 		}
 		delay := min(backoff(r.cfg.RetryBackoff, attempt), time.Second)
-		r.log.Warn("billrun_retry", "step", what, "attempt", attempt, "delay_ms", delay.Milliseconds(), "err", err)
+		r.log.Warn("billrun_retry", "step", what, "attempt", attempt, "delay_ms", delay.Milliseconds(), "error", err)
 		if !sleep(ctx, delay) {
 			return err
 		}

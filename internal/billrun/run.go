@@ -19,7 +19,7 @@ import (
 
 // Counts keys of a bill run's Result.
 const (
-	CountSubscribers      = "subscribers"       // ACTIVE subscribers in the batches this run committed
+	CountSubscribers      = "subscribers"       // subscribers of the population in the batches this run committed
 	CountInvoicesCreated  = "invoices_created"  // invoices this run inserted
 	CountAlreadyInvoiced  = "already_invoiced"  // subscribers this run found already invoiced for the period
 	CountBatchesTotal     = "batches_total"     // skipped + planned by this run
@@ -52,6 +52,34 @@ type execution struct {
 	period Period
 	fence  int64
 	run    *owned.Run
+	cut    cutoff
+}
+
+// cutoff is the population a run bills, as its first claim fixed it.
+type cutoff struct {
+	start, end time.Time // the period's instants in the zone
+	zone       string    // the billing zone's name
+	at         time.Time // the first claim's time: later subscribers are not in the run
+}
+
+// loadCutoff reads the claim's cutoff.
+func (x *execution) loadCutoff(ctx context.Context) error {
+	var c cutoff
+	var start, end, at *time.Time
+	var zone *string
+	err := x.pool.QueryRow(ctx, sqlCutoff, x.period.String(), x.fence).Scan(&start, &end, &zone, &at)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return errFenceLost
+	}
+	if err != nil {
+		return err
+	}
+	if start == nil || end == nil || zone == nil || at == nil {
+		return fmt.Errorf("billrun: bill_runs %s has no population cutoff (claimed by an older version?)", x.period)
+	}
+	c.start, c.end, c.zone, c.at = *start, *end, *zone, *at
+	x.cut = c
+	return nil
 }
 
 // runState aggregates a run's progress across workers.
@@ -93,7 +121,11 @@ func (s *runState) committedBatch(out batchOut, sampleSize int) {
 // failing: the row is FAILED with last_error and the error says why.
 // Otherwise COMPLETED, and the counts carry the period's totals.
 func (w *Worker) Run(ctx context.Context, run *owned.Run, params owned.Params) (owned.Report, error) {
-	x := &execution{retrier: retrier{cfg: w.cfg, log: run.Log()}, pool: w.pool, period: params.(Period), fence: run.Fence(), run: run}
+	req := requestOf(params)
+	if req.Adjust {
+		return w.runAdjust(ctx, run, req.Period)
+	}
+	x := &execution{retrier: retrier{cfg: w.cfg, log: run.Log()}, pool: w.pool, period: req.Period, fence: run.Fence(), run: run}
 	w.cfg.Metrics.running(1)
 	defer w.cfg.Metrics.running(-1)
 
@@ -105,6 +137,9 @@ func (w *Worker) Run(ctx context.Context, run *owned.Run, params owned.Params) (
 	st := &runState{phase: map[string]time.Duration{}}
 	var ranges []batchRange
 	err := x.retry(runCtx, "load_committed", func(ctx context.Context) error {
+		if err := x.loadCutoff(ctx); err != nil {
+			return err
+		}
 		var err error
 		ranges, err = x.committedRanges(ctx)
 		return err
@@ -115,7 +150,7 @@ func (w *Worker) Run(ctx context.Context, run *owned.Run, params owned.Params) (
 
 	var (
 		wg      sync.WaitGroup
-		planned atomic.Bool // the planner walked every ACTIVE id
+		planned atomic.Bool // the planner walked the whole population
 	)
 	if runCtx.Err() == nil {
 		run.Resumed(int64(len(ranges)))
@@ -224,13 +259,13 @@ func (x *execution) end(ctx context.Context, runErr error, counts map[string]int
 	case errors.As(runErr, &lost):
 		msg := "interrupted: " + lost.Reason
 		if _, _, err := x.finish(endCtx, StatusInterrupted, &msg); err != nil {
-			x.log.Warn("billrun_mark_interrupted_failed", "err", err)
+			x.log.Warn("billrun_mark_interrupted_failed", "error", err)
 		}
 		return runErr
 	}
 	msg := runErr.Error()
 	if _, ok, err := x.finish(endCtx, StatusFailed, &msg); err != nil || !ok {
-		x.log.Warn("billrun_mark_failed_failed", "err", err, "fence_ours", ok)
+		x.log.Warn("billrun_mark_failed_failed", "error", err, "fence_ours", ok)
 	}
 	return runErr
 }

@@ -21,7 +21,8 @@ import (
 	"github.com/telco-platform/coordinator/internal/testenv"
 )
 
-var period = billrun.Period{Year: 2026, Month: time.November}
+// period is the latest closed month (UTC, the default billing zone).
+var period = billrun.PeriodOf(time.Now().UTC()).Previous()
 
 // bundle is one test's world: its own schema, a memory locker and an event recorder.
 type bundle struct {
@@ -138,14 +139,14 @@ func TestRunBillsActiveSubscribersWithUsage(t *testing.T) {
 	require.Positive(t, seeded.Terminated)
 	require.Positive(t, seeded.UsageCharges)
 	// Usage of another period must not be billed.
-	_, err := b.pool.Exec(context.Background(), `insert into usage_charges (subscriber_id, period, amount_cents) select id, '2026-10', 100000 from subscribers`)
+	_, err := b.pool.Exec(context.Background(), `insert into usage_charges (subscriber_id, period, amount_cents) select id, $1, 100000 from subscribers`, period.Previous().String())
 	require.NoError(t, err)
 
 	tr := trig()
 	res := b.runner(billrun.Config{Workers: 3}).Run(context.Background(), period, tr)
 	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
 	require.Equal(t, "billrun", res.Job)
-	require.Equal(t, "billrun:2026-11", res.Key)
+	require.Equal(t, billrun.LockKey(period), res.Key)
 	require.Equal(t, "replica-a", res.Replica)
 	require.Equal(t, "replica-a", res.Owner)
 	require.Equal(t, int64(1), res.Fence)
@@ -181,7 +182,7 @@ func TestRunBillsActiveSubscribersWithUsage(t *testing.T) {
 
 	require.Equal(t, []events.Type{events.OwnershipAcquired, events.RunCompleted, events.OwnershipReleased}, types(b.rec.Events()))
 	done := b.rec.OfType(events.RunCompleted)[0]
-	require.Equal(t, "billrun:2026-11", done.Key)
+	require.Equal(t, billrun.LockKey(period), done.Key)
 	require.Equal(t, "cli", done.Trigger)
 	require.Equal(t, tr.RequestID, done.RequestID)
 	require.Equal(t, int64(1), done.Fence)

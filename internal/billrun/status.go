@@ -47,6 +47,31 @@ type Status struct {
 	Trigger     string `json:"trigger,omitempty"`
 	// Progress is how far the period's bill run has come.
 	Progress Progress `json:"progress"`
+	// Cutoff is the population the run bills, fixed by its first claim.
+	// Absent for a row claimed before it was recorded.
+	Cutoff *Cutoff `json:"cutoff,omitempty"`
+	// Adjustments are the period's adjustment runs (late usage), if any.
+	Adjustments *Adjustments `json:"adjustments,omitempty"`
+}
+
+// Cutoff of GET /v1/billruns/{period}: the period's instants in the
+// billing zone and the first claim's time (subscribers created after it are
+// not billed by the run).
+type Cutoff struct {
+	Zone        string    `json:"zone"`
+	PeriodStart time.Time `json:"period_start"`
+	PeriodEnd   time.Time `json:"period_end"`
+	At          time.Time `json:"at"`
+}
+
+// Adjustments of GET /v1/billruns/{period}: the latest adjustment run's
+// status and fence, and what every adjustment run invoiced.
+type Adjustments struct {
+	Status      string     `json:"status"`
+	Fence       int64      `json:"fence"`
+	Created     int64      `json:"adjustments_created"`
+	AmountCents int64      `json:"amount_cents"`
+	FinishedAt  *time.Time `json:"finished_at,omitempty"`
 }
 
 // Progress of GET /v1/billruns/{period}: every figure comes from Postgres,
@@ -56,7 +81,7 @@ type Progress struct {
 	BatchesCommitted int64 `json:"batches_committed"`
 	// BatchesTotal is the run's count of batches in all (bill_runs.
 	// batches_total): an estimate as it starts (committed batches plus the
-	// ACTIVE subscribers left, in batches), exact once its plan is complete,
+	// population left, in batches), exact once its plan is complete,
 	// the committed count once COMPLETED. Null while not known.
 	BatchesTotal *int64 `json:"batches_total"`
 	// Percent is BatchesCommitted of BatchesTotal (one decimal); 100 once
@@ -102,11 +127,15 @@ func ReadStatus(ctx context.Context, pool *pgxpool.Pool, p Period) (Status, erro
 		batches, subs, created, already int64
 		fenceBatches, fenceRows         int64
 		elapsed                         float64
+		cStart, cEnd, cAt, aFinished    *time.Time
+		cZone, aStatus                  *string
+		aFence, aCreated, aCents        *int64
 	)
 	err := pool.QueryRow(ctx, sqlStatus, p.String()).Scan(&s.Period, &s.Status, &s.Owner, &s.Fence, &lockFence,
 		&s.Attempts, &s.StartedAt, &s.FinishedAt, &s.UpdatedAt, &s.LastError,
 		&s.RequestedBy, &s.Principal, &s.RequestID, &s.Trigger, &batches, &subs, &created, &already,
-		&total, &fenceBatches, &fenceRows, &elapsed)
+		&total, &fenceBatches, &fenceRows, &elapsed,
+		&cStart, &cEnd, &cZone, &cAt, &aStatus, &aFence, &aCreated, &aCents, &aFinished)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Status{}, fmt.Errorf("%w %s", ErrNotFound, p)
 	}
@@ -123,5 +152,11 @@ func ReadStatus(ctx context.Context, pool *pgxpool.Pool, p Period) (Status, erro
 		CountAlreadyInvoiced:  already,
 	}
 	s.Progress = progressOf(s.Status, batches, total, fenceBatches, fenceRows, elapsed)
+	if cStart != nil && cEnd != nil && cZone != nil && cAt != nil {
+		s.Cutoff = &Cutoff{Zone: *cZone, PeriodStart: *cStart, PeriodEnd: *cEnd, At: *cAt}
+	}
+	if aStatus != nil {
+		s.Adjustments = &Adjustments{Status: *aStatus, Fence: *aFence, Created: *aCreated, AmountCents: *aCents, FinishedAt: aFinished}
+	}
 	return s, nil
 }

@@ -252,7 +252,10 @@ from bill_run_batches order by period, 6`)
 // sqlInvoiceStats compares every period's invoices with the subscribers it
 // must bill ($1: the periods the verifier triggered): each billable
 // (ACTIVE) subscriber exactly once, amount = monthly fee + the period's
-// usage charges. Periods that hold invoices but were never triggered are
+// usage charges. seedSubscribers leaves activated_at and deactivated_at
+// NULL (active since before any period, never deactivated), so every
+// period's population is the ACTIVE subscribers and proration bills each
+// the full fee (the bill run's proration rules, internal/billrun). Periods that hold invoices but were never triggered are
 // included too.
 const sqlInvoiceStats = `
 with periods as (

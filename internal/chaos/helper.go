@@ -183,7 +183,7 @@ func appendWrite(ctx context.Context, conn *pgx.Conn, e helperEnv, role string) 
 	if err != nil {
 		return err
 	}
-	defer tx.Rollback(context.Background())
+	defer func() { _ = tx.Rollback(context.Background()) }() // after Commit, a no-op
 	if _, err := tx.Exec(ctx, `select pg_advisory_xact_lock(hashtext('chaos.writes:' || $1))`, e.key); err != nil {
 		return err
 	}

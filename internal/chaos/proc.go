@@ -42,10 +42,9 @@ type proc struct {
 	exitNS int64
 	state  *os.ProcessState
 
-	mu        sync.Mutex
-	tail      tailBuffer
-	lines     func(string) // called for every output line (may be nil)
-	signalled []syscall.Signal
+	mu    sync.Mutex
+	tail  tailBuffer
+	lines func(string) // called for every output line (may be nil)
 }
 
 // procOptions shape startProc.
@@ -151,22 +150,7 @@ func (p *proc) signal(sig syscall.Signal) error {
 	if p.exited() {
 		return errors.New(p.name + " has exited")
 	}
-	p.mu.Lock()
-	p.signalled = append(p.signalled, sig)
-	p.mu.Unlock()
 	return p.cmd.Process.Signal(sig)
-}
-
-// wasSignalled reports whether the verifier sent sig to the process.
-func (p *proc) wasSignalled(sig syscall.Signal) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, s := range p.signalled {
-		if s == sig {
-			return true
-		}
-	}
-	return false
 }
 
 // stop sends sig (and SIGCONT, in case it is stopped), waits up to grace,

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -280,15 +279,4 @@ var kindDocs = map[string]string{
 	KindReplicaExited:        "a replica exited on its own (crash, fatal error) during the run.",
 	KindReplicaShutdownHung:  "a replica did not finish its graceful shutdown within COORDINATOR_SHUTDOWN_TIMEOUT + 10 s after SIGTERM.",
 	KindLockUsageError:       "`coordinator lock` rejected the verifier's invocation (exit 64): the CLI changed; the verifier must follow.",
-}
-
-// kindsInOrder lists the kinds of the anomalies, most frequent first.
-func kindsInOrder(as []Anomaly) []string {
-	n := map[string]int{}
-	for _, a := range as {
-		n[a.Kind]++
-	}
-	ks := sortedKeys(n)
-	slices.SortStableFunc(ks, func(a, b string) int { return n[b] - n[a] })
-	return ks
 }

@@ -191,12 +191,10 @@ func (r *run) setup(ctx context.Context) error {
 	}()
 	var err error
 	if r.redis, err = startRedisSet(ctx, b.RedisServer, filepath.Join(r.work, "redis"), r.logs); err != nil {
-		<-kafkaErr
-		return fmt.Errorf("redis: %w", err)
+		return errors.Join(fmt.Errorf("redis: %w", err), <-kafkaErr)
 	}
 	if r.pg, err = startPostgres(ctx, b.PGBinDir, filepath.Join(r.work, "pg"), r.logs); err != nil {
-		<-kafkaErr
-		return fmt.Errorf("postgres: %w", err)
+		return errors.Join(fmt.Errorf("postgres: %w", err), <-kafkaErr)
 	}
 	if err := <-kafkaErr; err != nil {
 		return fmt.Errorf("kafka: %w", err)

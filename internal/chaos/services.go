@@ -233,13 +233,6 @@ func (s *redisSet) master(ctx context.Context) *redisNode {
 	return nil
 }
 
-func (s *redisSet) other(n *redisNode) *redisNode {
-	if s.nodes[0] == n {
-		return s.nodes[1]
-	}
-	return s.nodes[0]
-}
-
 // waitReplicaSynced waits until some node is a replica with its link up.
 func (s *redisSet) waitReplicaSynced(ctx context.Context, bound time.Duration) bool {
 	return waitFor(ctx, bound, 100*time.Millisecond, func() bool {

@@ -1,5 +1,5 @@
 // Package config is the coordinator's one typed configuration: every
-// variable of DESIGN.md's table, each also a --flag, with defaults filled in
+// variable of docs/contract.md's configuration (docs/configuration.md), each also a --flag, with defaults filled in
 // one place and a Validate whose error names the variable and the value.
 package config
 
@@ -76,6 +76,10 @@ type Config struct {
 	// KafkaSASLMechanism is PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; empty
 	// means no SASL. Default empty.
 	KafkaSASLMechanism string
+	// KafkaMaxDecompressedBatchBytes bounds what one fetched trigger batch
+	// may decompress to; a batch over it is skipped to the DLQ (reason
+	// batch_too_large). Default 8 MiB, 1 MiB to 256 MiB.
+	KafkaMaxDecompressedBatchBytes int
 	// KafkaSASLUsername and KafkaSASLPassword are the SASL credentials
 	// (the password also from COORDINATOR_KAFKA_SASL_PASSWORD_FILE).
 	KafkaSASLUsername, KafkaSASLPassword string
@@ -110,12 +114,30 @@ type Config struct {
 	// lockAtLeastFor). Default: half the schedule interval for @every specs, else 0.
 	ReaperMinHold time.Duration
 
+	// CronCatchUpWindow: on start, each schedule's most recent tick that
+	// fell within this window before the start is run once (a tick missed
+	// while the replica was down); the lock and the kind's claim answer if
+	// another replica already ran it. Default 6h; 0 disables.
+	CronCatchUpWindow time.Duration
+	// CronJitter delays each cron tick (and catch-up) by a random duration
+	// in [0, CronJitter), so replicas do not all hit Redis at once. Default
+	// 0 (off), at most 10m.
+	CronJitter time.Duration
+
 	// BillrunSchedule bills the previous month when it fires. Default empty (off).
 	BillrunSchedule string
 	// BillrunBatchSize is subscribers per batch transaction. Default 1000.
 	BillrunBatchSize int
 	// BillrunWorkers is the batch worker pool size. Default 4.
 	BillrunWorkers int
+	// BillingZone is the IANA zone billing months start and end in (at
+	// midnight there); the bill-run schedule fires there unless its spec
+	// names a CRON_TZ. COORDINATOR_BILLING_TZ, default UTC. Nil (a Config
+	// built by hand) is UTC.
+	BillingZone *time.Location
+	// BillrunMaxAgeMonths is how many months back a period may be billed
+	// without --force ("force": true). Default 24.
+	BillrunMaxAgeMonths int
 
 	// ProgressInterval is how often a run in flight logs its progress
 	// (<job>_progress records). Default 10s, at least 100ms.
@@ -268,6 +290,11 @@ func settings() []setting {
 			apply: func(c *Config, v string) error { c.KafkaTLSCertFile = v; return nil }},
 		{env: "COORDINATOR_KAFKA_TLS_KEY_FILE", flag: "kafka-tls-key-file", usage: "PEM private key of the Kafka client certificate", def: lit(""),
 			apply: func(c *Config, v string) error { c.KafkaTLSKeyFile = v; return nil }},
+		{env: "COORDINATOR_KAFKA_MAX_DECOMPRESSED_BATCH_BYTES", flag: "kafka-max-decompressed-batch-bytes", usage: "bound on what one fetched trigger batch may decompress to; a batch over it is skipped to the DLQ (batch_too_large)", def: lit("8388608"),
+			apply: func(c *Config, v string) (err error) {
+				c.KafkaMaxDecompressedBatchBytes, err = intBetween(v, 1<<20, 256<<20)
+				return err
+			}},
 		{env: "COORDINATOR_KAFKA_SASL_MECHANISM", flag: "kafka-sasl-mechanism", usage: "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (empty: no SASL)", def: lit(""),
 			apply: func(c *Config, v string) error {
 				c.KafkaSASLMechanism = strings.ToUpper(v)
@@ -325,12 +352,32 @@ func settings() []setting {
 				c.ReaperMinHold, err = duration(v, 0)
 				return err
 			}},
+		{env: "COORDINATOR_CRON_CATCHUP_WINDOW", flag: "cron-catchup-window", usage: "on start, run each schedule's latest tick missed within this window (0 disables)", def: lit("6h"),
+			apply: func(c *Config, v string) (err error) {
+				c.CronCatchUpWindow, err = duration(v, 0)
+				if err == nil && c.CronCatchUpWindow > 31*24*time.Hour {
+					err = errors.New("must be at most 744h (31 days)")
+				}
+				return err
+			}},
+		{env: "COORDINATOR_CRON_JITTER", flag: "cron-jitter", usage: "random delay in [0, jitter) before each cron tick (0 disables)", def: lit("0s"),
+			apply: func(c *Config, v string) (err error) {
+				c.CronJitter, err = duration(v, 0)
+				if err == nil && c.CronJitter > 10*time.Minute {
+					err = errors.New("must be at most 10m")
+				}
+				return err
+			}},
 		{env: "COORDINATOR_BILLRUN_SCHEDULE", flag: "billrun-schedule", usage: "cron spec that bills the previous month; empty disables", def: lit(""),
 			apply: func(c *Config, v string) error { c.BillrunSchedule = v; return checkSchedule(v) }},
 		{env: "COORDINATOR_BILLRUN_BATCH_SIZE", flag: "billrun-batch-size", usage: "subscribers per batch transaction", def: lit("1000"),
 			apply: func(c *Config, v string) (err error) { c.BillrunBatchSize, err = positiveInt(v, 100000); return err }},
 		{env: "COORDINATOR_BILLRUN_WORKERS", flag: "billrun-workers", usage: "concurrent batch transactions", def: lit("4"),
 			apply: func(c *Config, v string) (err error) { c.BillrunWorkers, err = positiveInt(v, 256); return err }},
+		{env: "COORDINATOR_BILLING_TZ", flag: "billing-tz", usage: "IANA time zone billing months start and end in (at midnight)", def: lit("UTC"),
+			apply: func(c *Config, v string) (err error) { c.BillingZone, err = zone(v); return err }},
+		{env: "COORDINATOR_BILLRUN_MAX_AGE_MONTHS", flag: "billrun-max-age-months", usage: "months back a period may be billed without --force", def: lit("24"),
+			apply: func(c *Config, v string) (err error) { c.BillrunMaxAgeMonths, err = positiveInt(v, 12000); return err }},
 		{env: "COORDINATOR_PROGRESS_INTERVAL", flag: "progress-interval", usage: "how often a run in flight logs its progress (<job>_progress)", def: lit("10s"),
 			apply: func(c *Config, v string) (err error) {
 				c.ProgressInterval, err = duration(v, 100*time.Millisecond)
@@ -412,7 +459,8 @@ var flagTypes = map[string]string{
 	"kafka-sasl-mechanism": "mechanism", "lock-redis-tls-ca-file": "path", "lock-redis-tls-cert-file": "path",
 	"lock-redis-tls-key-file": "path", "lock-redis-password-file": "path", "admin-token": "token",
 	"admin-tokens-file": "path", "max-runs-in-flight": "int", "health-check-interval": "duration",
-	"kafka-sasl-password": "password",
+	"kafka-sasl-password": "password", "kafka-max-decompressed-batch-bytes": "bytes",
+	"cron-catchup-window": "duration", "cron-jitter": "duration",
 }
 
 // flagValue keeps a flag's raw text: Config parses it with the variable's
@@ -674,6 +722,17 @@ func positiveInt(v string, max int) (int, error) {
 	return n, nil
 }
 
+func intBetween(v string, lo, hi int) (int, error) {
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return 0, errors.New("not an integer (bytes)")
+	}
+	if n < lo || n > hi {
+		return 0, fmt.Errorf("must be between %d and %d", lo, hi)
+	}
+	return n, nil
+}
+
 func oneOf(v string, allowed ...string) error {
 	for _, a := range allowed {
 		if v == a {
@@ -818,6 +877,19 @@ func checkAddr(v string) error {
 // CronParser accepts an optional seconds field, descriptors (@every 30s,
 // @hourly) and CRON_TZ=/TZ= prefixes.
 var CronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
+
+// zone loads an IANA time zone name ("Europe/Berlin", "UTC"). "Local"
+// and the empty name are refused: billing must not depend on the host.
+func zone(v string) (*time.Location, error) {
+	if v == "" || v == "Local" {
+		return nil, errors.New("want an IANA time zone name, e.g. UTC or Europe/Berlin")
+	}
+	loc, err := time.LoadLocation(v)
+	if err != nil {
+		return nil, fmt.Errorf("unknown time zone (want an IANA name, e.g. Europe/Berlin): %w", err)
+	}
+	return loc, nil
+}
 
 func checkSchedule(v string) error {
 	if v == "" {

@@ -33,10 +33,15 @@ func TestDefaults(t *testing.T) {
 	require.Equal(t, "@every 30s", c.ReaperSchedule)
 	require.Equal(t, 15*time.Second, c.ReaperMinHold, "half the @every interval")
 	require.Empty(t, c.BillrunSchedule)
+	require.Equal(t, "UTC", c.BillingZone.String())
+	require.Equal(t, 24, c.BillrunMaxAgeMonths)
 	require.NotEmpty(t, c.ReplicaID)
 	require.Equal(t, "coordinator", c.KafkaGroup)
 	require.Equal(t, 0, c.LockWaitReplicas, "auto")
 	require.Equal(t, 200*time.Millisecond, c.LockWaitReplicasTimeout)
+	require.Equal(t, 8<<20, c.KafkaMaxDecompressedBatchBytes)
+	require.Equal(t, 6*time.Hour, c.CronCatchUpWindow)
+	require.Zero(t, c.CronJitter)
 }
 
 func TestWaitReplicas(t *testing.T) {
@@ -83,7 +88,15 @@ func TestInvalidValuesNameTheVariable(t *testing.T) {
 		{"COORDINATOR_BILLRUN_SCHEDULE", "61 * * * *"},
 		{"COORDINATOR_DATABASE_URL", "mysql://x"},
 		{"COORDINATOR_BILLRUN_WORKERS", "0"},
+		{"COORDINATOR_BILLING_TZ", "Mars/Olympus"},
+		{"COORDINATOR_BILLING_TZ", "Local"},
+		{"COORDINATOR_BILLRUN_MAX_AGE_MONTHS", "0"},
 		{"COORDINATOR_KAFKA_TOPIC_PREFIX", "bad prefix"},
+		{"COORDINATOR_KAFKA_MAX_DECOMPRESSED_BATCH_BYTES", "1024"},
+		{"COORDINATOR_KAFKA_MAX_DECOMPRESSED_BATCH_BYTES", "8MiB"},
+		{"COORDINATOR_CRON_CATCHUP_WINDOW", "-1h"},
+		{"COORDINATOR_CRON_CATCHUP_WINDOW", "800h"},
+		{"COORDINATOR_CRON_JITTER", "1h"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.variable, func(t *testing.T) {

@@ -34,6 +34,7 @@ import (
 	"github.com/telco-platform/coordinator/internal/kinds"
 	"github.com/telco-platform/coordinator/internal/migrate"
 	"github.com/telco-platform/coordinator/internal/msisdnreaper"
+	"github.com/telco-platform/coordinator/internal/ownership/redislock"
 	"github.com/telco-platform/coordinator/internal/postgres"
 	"github.com/telco-platform/coordinator/internal/replica"
 	"github.com/telco-platform/coordinator/internal/topics"
@@ -153,9 +154,11 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		}()
 	}
 
+	// The latest month closed in the billing zone (UTC, the default): the open
+	// month is never billable.
 	period := billrun.PeriodOf(time.Now().UTC()).Previous()
 	billKey := billrun.LockKey(period)
-	fmt.Fprintf(out, "coordinator demo: %d replicas, %d subscribers, %d stale MSISDN reservations, bill run %s\n\n",
+	fmt.Fprintf(out, "coordinator demo: %d replicas, %d subscribers, %d stale MSISDN reservations, bill run %s (the latest month closed in UTC)\n\n",
 		cfg.Replicas, cfg.Subscribers, cfg.StaleReservations, period)
 
 	// Dependencies.
@@ -218,6 +221,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	fireAt := time.Now().Add(3 * time.Second).Truncate(time.Second).Add(time.Second)
 	token := randomHex(16)
 	logger := slog.New(slog.NewTextHandler(logW, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	redislock.SetLogger(logger)
 	reps := make([]*replica.Replica, cfg.Replicas)
 	for i := range reps {
 		id := fmt.Sprintf("coordinator-%d", i+1)
@@ -259,7 +263,12 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	tlCtx, stopTimeline := context.WithCancel(context.Background())
 	tlDone := make(chan error, 1)
 	go func() { tlDone <- tl.run(tlCtx, brokers, names.Events) }()
-	cleanups = append(cleanups, func() { stopTimeline(); <-tlDone })
+	cleanups = append(cleanups, func() {
+		stopTimeline()
+		if terr := <-tlDone; terr != nil {
+			fmt.Fprintf(out, "ownership timeline: %v\n", terr)
+		}
+	})
 
 	for _, r := range reps {
 		if err := r.Start(runCtx); err != nil {
@@ -300,7 +309,11 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		}
 	}
 	tl.mute()
-	fmt.Fprintf(out, "\n  %s\n\n", httpLine)
+	fmt.Fprintf(out, "\n  %s\n", httpLine)
+	// The open month is refused before anything runs: 422, period_not_closed.
+	open := period.Next()
+	openLine := postTrigger(runCtx, reps[0], token, open.String())
+	fmt.Fprintf(out, "  the open month %s: %s\n\n", open, openLine)
 	step("stopping   replicas (release locks, flush events)")
 	stopReplicas()
 
@@ -331,6 +344,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	if check.staleLeft != 0 {
 		problems = append(problems, fmt.Sprintf("%d stale reservations left", check.staleLeft))
+	}
+	if !strings.Contains(openLine, " answered 422 ") {
+		problems = append(problems, "the open month "+open.String()+" was not refused with 422: "+openLine)
 	}
 	if len(problems) > 0 {
 		return fmt.Errorf("%w: %s", ErrCheckFailed, strings.Join(problems, "; "))

@@ -70,6 +70,8 @@ func TestDemoShowsOneRunAndWhoOwnsIt(t *testing.T) {
 	require.NotNil(t, seeded)
 	require.Contains(t, text, "invoices="+seeded[1]+" for "+seeded[1]+" ACTIVE subscribers, duplicates=0")
 	require.Contains(t, text, "0 stale reservations left (of 500)")
+	// The open month is refused before anything runs.
+	require.Regexp(t, `the open month \d{4}-\d{2}: HTTP POST /v1/billruns to coordinator-\d answered 422 reason=period_not_closed code=BAD_INPUT`, text)
 	// The HTTP call either met the owner's lock (409 naming it) or, reaching
 	// the lock first, was the owner (202).
 	httpAnswer := regexp.MustCompile(`HTTP POST /v1/billruns to coordinator-\d answered (\d+)(.*)`).FindStringSubmatch(text)

@@ -103,7 +103,8 @@ func (tl *timeline) format(ce events.CloudEvent) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "  %+8.3fs  %-14s %-26s %-20s via %-5s", ce.Time.Sub(tl.start).Seconds(), str(ce, "replica"),
 		ce.Type, ce.Subject, str(ce, "trigger"))
-	if ce.Type == events.OwnershipAlreadyOwned {
+	switch ce.Type {
+	case events.OwnershipAlreadyOwned:
 		owner := str(ce, "owner")
 		if owner == "" {
 			owner = "(unknown)"
@@ -112,7 +113,7 @@ func (tl *timeline) format(ce events.CloudEvent) string {
 		if owner == str(ce, "replica") {
 			b.WriteString(" (its own run, started by another trigger)")
 		}
-	} else if ce.Type == events.RunAlreadyCompleted {
+	case events.RunAlreadyCompleted:
 		fmt.Fprintf(&b, " done by %s", str(ce, "owner"))
 	}
 	if f := num(ce, "fence"); f != 0 {
@@ -145,7 +146,7 @@ func answered(t events.Type) bool {
 // tally summarises the events of one replica.
 type tally struct {
 	acquired, alreadyOwned, alreadyCompleted, completed, released, failed, lost, unavailable int
-	sweeps, freed                                                                            int64
+	freed                                                                                    int64
 	sweepsOwned                                                                              int
 }
 

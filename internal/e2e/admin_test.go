@@ -172,7 +172,7 @@ func TestReadinessIsCheapAndSeparateFromDependencies(t *testing.T) {
 		requireNoLeak(t, string(body), forbidden)
 
 		// Work is refused fail-closed, by an API that is still there.
-		code, _, body = r.post(t, d.token, "/v1/billruns", `{"period":"2026-07"}`)
+		code, _, body = r.post(t, d.token, "/v1/billruns", `{"period":"`+monthsAgo(5)+`"}`)
 		require.Equal(t, http.StatusServiceUnavailable, code, string(body))
 		require.Contains(t, string(body), `"code":"LOCK_ACQUISITION_FAILED"`)
 
@@ -262,7 +262,7 @@ func cleanEnv() []string {
 func TestAdminTokensScopesAndWhoAsked(t *testing.T) {
 	t.Parallel()
 	d := newDeployment(t, "")
-	const period = "2026-07"
+	period := monthsAgo(5)
 	d.seedSubscribers(300, period)
 	ops, grafana, ci := testenv.AdminToken(), testenv.AdminToken(), testenv.AdminToken()
 	file := filepath.Join(t.TempDir(), "admin-tokens")
@@ -351,13 +351,13 @@ func TestAdminTokensScopesAndWhoAsked(t *testing.T) {
 func TestRunCapAnswers429(t *testing.T) {
 	t.Parallel()
 	d := newDeployment(t, "")
-	d.seedSubscribers(1000, "2026-06")
+	d.seedSubscribers(1000, monthsAgo(6))
 	r := d.start("capped", map[string]string{"COORDINATOR_MAX_RUNS_IN_FLIGHT": "1", "COORDINATOR_TEST_BILLRUN_BATCH_DELAY": "1s"},
 		"--reaper-schedule=")
 
-	code, _, body := r.post(t, d.token, "/v1/billruns", `{"period":"2026-06"}`)
+	code, _, body := r.post(t, d.token, "/v1/billruns", `{"period":"`+monthsAgo(6)+`"}`)
 	require.Equal(t, http.StatusAccepted, code, string(body))
-	for _, req := range [][2]string{{"/v1/billruns", `{"period":"2026-05"}`}, {"/v1/msisdn-reaper/sweeps", ""}} {
+	for _, req := range [][2]string{{"/v1/billruns", `{"period":"` + monthsAgo(7) + `"}`}, {"/v1/msisdn-reaper/sweeps", ""}} {
 		code, hdr, body := r.post(t, d.token, req[0], req[1])
 		require.Equal(t, http.StatusTooManyRequests, code, string(body))
 		require.Equal(t, "10", hdr.Get("Retry-After"))
@@ -365,16 +365,16 @@ func TestRunCapAnswers429(t *testing.T) {
 		require.Contains(t, string(body), "COORDINATOR_MAX_RUNS_IN_FLIGHT=1")
 	}
 	var rows int64
-	require.NoError(t, d.pg.Pool.QueryRow(context.Background(), `select count(*) from bill_runs where period = '2026-05'`).Scan(&rows))
+	require.NoError(t, d.pg.Pool.QueryRow(context.Background(), `select count(*) from bill_runs where period = $1`, monthsAgo(7)).Scan(&rows))
 	require.Zero(t, rows, "a refused POST claims nothing")
-	require.Empty(t, d.events.match(func(e event) bool { return e.Subject == "billrun:2026-05" || e.Subject == "msisdn-reaper:sweep" }),
+	require.Empty(t, d.events.match(func(e event) bool { return e.Subject == "billrun:"+monthsAgo(7) || e.Subject == "msisdn-reaper:sweep" }),
 		"and emits nothing")
 
-	d.events.waitFor(t, 60*time.Second, 1, "run.completed", ofType("run.completed", "billrun:2026-06"))
+	d.events.waitFor(t, 60*time.Second, 1, "run.completed", ofType("run.completed", "billrun:"+monthsAgo(6)))
 	// The slot is freed just after the run's last event: ask until it is.
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		code, _, body = r.post(t, d.token, "/v1/billruns", `{"period":"2026-05"}`)
-		assert.NotEqual(c, http.StatusTooManyRequests, code)
+		code, _, body = r.post(t, d.token, "/v1/billruns", `{"period":"`+monthsAgo(7)+`"}`)
+		require.NotEqual(c, http.StatusTooManyRequests, code)
 	}, 10*time.Second, 50*time.Millisecond)
 	require.Equal(t, http.StatusAccepted, code, string(body))
 	require.True(t, hasLogLine(r, `"msg":"trigger_refused_at_capacity"`))

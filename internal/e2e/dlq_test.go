@@ -14,12 +14,12 @@ import (
 func TestMalformedTriggerGoesToDLQAndNextIsProcessed(t *testing.T) {
 	t.Parallel()
 	d := newDeployment(t, "")
-	const period = "2026-09"
+	period := monthsAgo(3)
 	key := "billrun:" + period
 	d.seedSubscribers(500, period)
 	d.startReplicas(3, nil, "--reaper-schedule=")
 
-	malformed := `{"period":"2026-09","request_id":` // cut short
+	malformed := `{"period":"` + monthsAgo(3) + `","request_id":` // cut short
 	partition, badOffset := d.produce(d.bills, period, malformed)
 	p2, _ := d.produce(d.bills, period, billRunTrigger(period, "after-bad"))
 	require.Equal(t, partition, p2, "same key, same partition: the valid record waits behind the bad one")

@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -299,8 +298,8 @@ func (d *deployment) waitGroupStable(members int) {
 		g, ok := gs[d.group]
 		require.True(c, ok, "group %s not described", d.group)
 		require.NoError(c, g.Err)
-		assert.Equal(c, "Stable", g.State, "consumer group state")
-		assert.Len(c, g.Members, members, "consumer group members")
+		require.Equal(c, "Stable", g.State, "consumer group state")
+		require.Len(c, g.Members, members, "consumer group members")
 	}, 40*time.Second, 50*time.Millisecond)
 }
 
@@ -343,7 +342,7 @@ func (d *deployment) waitCommitted(topic string, partition int32, want int64, wi
 	require.EventuallyWithT(d.t, func(c *assert.CollectT) {
 		at, err := d.committedOffset(topic, partition)
 		require.NoError(c, err)
-		assert.Equal(c, want, at, "committed offset of %s/%d", topic, partition)
+		require.Equal(c, want, at, "committed offset of %s/%d", topic, partition)
 	}, within, 50*time.Millisecond)
 }
 
@@ -391,15 +390,6 @@ where (s.status = 'ACTIVE') is distinct from (i.id is not null)
 	require.Positive(d.t, active)
 	require.Equal(d.t, active, invoices, "one invoice per ACTIVE subscriber")
 	require.Zero(d.t, wrong, "subscribers with a missing, extra or wrong invoice")
-}
-
-// freePort returns a loopback port nothing listens on right now.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // event is a CloudEvent read back from the events topic.
@@ -493,11 +483,22 @@ func (l *eventLog) match(keep func(event) bool) []event {
 func (l *eventLog) waitFor(t *testing.T, bound time.Duration, n int, what string, keep func(event) bool) []event {
 	t.Helper()
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		assert.GreaterOrEqual(c, len(l.match(keep)), n, "%s events", what)
+		require.GreaterOrEqual(c, len(l.match(keep)), n, "%s events", what)
 	}, bound, 50*time.Millisecond)
 	return l.match(keep)
 }
 
 func ofType(typ, subject string) func(event) bool {
 	return func(e event) bool { return e.Type == typ && e.Subject == subject }
+}
+
+// monthsAgo is the period n months before the current one (UTC, the
+// default billing zone): closed for n >= 1. Tests use distinct periods so
+// they can share a database.
+func monthsAgo(n int) string {
+	p := billrun.PeriodOf(time.Now().UTC())
+	for range n {
+		p = p.Previous()
+	}
+	return p.String()
 }

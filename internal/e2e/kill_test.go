@@ -15,7 +15,7 @@ import (
 func TestOwnerKilledMidRunAnotherResumes(t *testing.T) {
 	t.Parallel()
 	d := newDeployment(t, "")
-	const period = "2026-07"
+	period := monthsAgo(5)
 	key := "billrun:" + period
 	d.seedSubscribers(3000, period)
 	// 26 batches at 400 ms over 4 workers: about 3 s of run to kill into.
@@ -33,7 +33,7 @@ func TestOwnerKilledMidRunAnotherResumes(t *testing.T) {
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		var batches int
 		require.NoError(c, d.pg.Pool.QueryRow(ctx, `select count(*) from bill_run_batches where period = $1`, period).Scan(&batches))
-		assert.Positive(c, batches, "batches committed")
+		require.Positive(c, batches, "batches committed")
 	}, 20*time.Second, 20*time.Millisecond)
 	for _, r := range rs {
 		if r.id == first {

@@ -26,7 +26,7 @@ import (
 func TestGracefulShutdown(t *testing.T) {
 	t.Parallel()
 	d := newDeployment(t, "")
-	d.seedSubscribers(2000, "2026-05")
+	d.seedSubscribers(2000, monthsAgo(7))
 	slow := map[string]string{"COORDINATOR_TEST_BILLRUN_BATCH_DELAY": "200ms"} // ~18 batches / 4 workers: ~1 s
 	ctx := context.Background()
 
@@ -45,42 +45,42 @@ func TestGracefulShutdown(t *testing.T) {
 
 	t.Run("in-flight run finishes within the bound", func(t *testing.T) {
 		r := d.start("graceful", slow, "--reaper-schedule=")
-		code, _, body := r.post(t, d.token, "/v1/billruns", `{"period":"2026-05"}`)
+		code, _, body := r.post(t, d.token, "/v1/billruns", `{"period":"`+monthsAgo(7)+`"}`)
 		require.Equal(t, http.StatusAccepted, code, string(body))
 		require.Equal(t, 0, r.terminate(t, 20*time.Second))
-		require.Equal(t, "COMPLETED", status("2026-05"))
-		require.True(t, lockGone("2026-05")(), "lock released")
+		require.Equal(t, "COMPLETED", status(monthsAgo(7)))
+		require.True(t, lockGone(monthsAgo(7))(), "lock released")
 		// Flushed before exit: the events are on Kafka although the process is gone.
-		d.events.waitFor(t, 10*time.Second, 1, "run.completed", ofType("run.completed", "billrun:2026-05"))
-		d.events.waitFor(t, 10*time.Second, 1, "ownership.released", ofType("ownership.released", "billrun:2026-05"))
-		d.requireInvoicesExact("2026-05")
+		d.events.waitFor(t, 10*time.Second, 1, "run.completed", ofType("run.completed", "billrun:"+monthsAgo(7)))
+		d.events.waitFor(t, 10*time.Second, 1, "ownership.released", ofType("ownership.released", "billrun:"+monthsAgo(7)))
+		d.requireInvoicesExact(monthsAgo(7))
 	})
 
 	t.Run("run longer than the bound is interrupted and released", func(t *testing.T) {
 		env := map[string]string{"COORDINATOR_TEST_BILLRUN_BATCH_DELAY": "1s", "COORDINATOR_SHUTDOWN_TIMEOUT": "1s"}
 		r := d.start("hasty", env, "--reaper-schedule=")
-		code, _, body := r.post(t, d.token, "/v1/billruns", `{"period":"2026-04"}`)
+		code, _, body := r.post(t, d.token, "/v1/billruns", `{"period":"`+monthsAgo(8)+`"}`)
 		require.Equal(t, http.StatusAccepted, code, string(body))
 		start := time.Now()
 		require.Equal(t, 0, r.terminate(t, 20*time.Second))
 		t.Logf("stopped in %s", time.Since(start).Round(time.Millisecond))
-		require.Equal(t, "INTERRUPTED", status("2026-04"))
-		require.True(t, lockGone("2026-04")(), "lock released on the way out, not left to expire")
-		lost := d.events.waitFor(t, 10*time.Second, 1, "ownership.lost", ofType("ownership.lost", "billrun:2026-04"))
+		require.Equal(t, "INTERRUPTED", status(monthsAgo(8)))
+		require.True(t, lockGone(monthsAgo(8))(), "lock released on the way out, not left to expire")
+		lost := d.events.waitFor(t, 10*time.Second, 1, "ownership.lost", ofType("ownership.lost", "billrun:"+monthsAgo(8)))
 		require.Equal(t, "shutdown", lost[0].str("reason"))
 
 		// A later trigger resumes and completes it.
 		r2 := d.start("after", nil, "--reaper-schedule=")
-		d.produce(d.bills, "2026-04", billRunTrigger("2026-04", "resume"))
-		d.events.waitFor(t, 30*time.Second, 1, "run.completed", ofType("run.completed", "billrun:2026-04"))
-		d.requireInvoicesExact("2026-04")
+		d.produce(d.bills, monthsAgo(8), billRunTrigger(monthsAgo(8), "resume"))
+		d.events.waitFor(t, 30*time.Second, 1, "run.completed", ofType("run.completed", "billrun:"+monthsAgo(8)))
+		d.requireInvoicesExact(monthsAgo(8))
 		require.Equal(t, 0, r2.terminate(t, 20*time.Second))
 	})
 
 	t.Run("draining refuses new work; a second signal exits at once", func(t *testing.T) {
 		env := map[string]string{"COORDINATOR_TEST_BILLRUN_BATCH_DELAY": "2s", "COORDINATOR_SHUTDOWN_TIMEOUT": "60s"}
 		r := d.start("impatient", env, "--reaper-schedule=")
-		code, _, body := r.post(t, d.token, "/v1/billruns", `{"period":"2026-03"}`)
+		code, _, body := r.post(t, d.token, "/v1/billruns", `{"period":"`+monthsAgo(9)+`"}`)
 		require.Equal(t, http.StatusAccepted, code, string(body))
 		require.NoError(t, r.cmd.Process.Signal(syscall.SIGTERM))
 		require.Eventually(t, func() bool {
@@ -92,7 +92,7 @@ func TestGracefulShutdown(t *testing.T) {
 			return false
 		}, 10*time.Second, 20*time.Millisecond, "no shutdown_started line")
 		// Draining: the run goes on, new work is refused, readiness fails.
-		code, _, body = r.post(t, d.token, "/v1/billruns", `{"period":"2026-02"}`)
+		code, _, body = r.post(t, d.token, "/v1/billruns", `{"period":"`+monthsAgo(10)+`"}`)
 		require.Equal(t, http.StatusServiceUnavailable, code, string(body))
 		require.Contains(t, string(body), `"code":"SHUTTING_DOWN"`)
 		code, body = r.get(t, "", "/readyz")

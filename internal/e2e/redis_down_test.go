@@ -17,7 +17,7 @@ func TestRedisDownTriggerIsRetriedNotLost(t *testing.T) {
 	t.Parallel()
 	rds := testenv.StartRedisServer(t)
 	d := newDeployment(t, rds.URL())
-	const period = "2026-08"
+	period := monthsAgo(4)
 	key := "billrun:" + period
 	d.seedSubscribers(500, period)
 	d.startReplicas(3, nil, "--reaper-schedule=")

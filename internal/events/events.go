@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// Type is a CloudEvents type from DESIGN.md's contract.
+// Type is a CloudEvents type of the contract (docs/contract.md, docs/events.md).
 type Type string
 
 const (
@@ -26,6 +26,7 @@ const (
 	RunAlreadyCompleted    Type = "run.already_completed"
 	RunFailed              Type = "run.failed"
 	BillrunInvoiceConflict Type = "billrun.invoice_conflict"
+	BillrunLateUsage       Type = "billrun.late_usage"
 	TriggerRejected        Type = "trigger.rejected"
 )
 

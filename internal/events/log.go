@@ -24,7 +24,7 @@ type logEmitter struct{ log *slog.Logger }
 func (l logEmitter) Emit(ctx context.Context, e Event) {
 	level := slog.LevelInfo
 	switch e.Type {
-	case OwnershipUnavailable, OwnershipLost, RunFailed, BillrunInvoiceConflict, TriggerRejected:
+	case OwnershipUnavailable, OwnershipLost, RunFailed, BillrunInvoiceConflict, BillrunLateUsage, TriggerRejected:
 		level = slog.LevelWarn
 	}
 	if !l.log.Enabled(ctx, level) {

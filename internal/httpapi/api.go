@@ -19,7 +19,7 @@
 // /readyz names failing conditions only, never hosts, users or errors.
 //
 // Errors are RFC 9457 problem documents (application/problem+json) with the
-// ADR-024 members code, reason, lockKey and owner where they apply. /v1/*
+// ADR-024 (docs/adr/024-distributed-lock-strategy.md) members code, reason, lockKey and owner where they apply. /v1/*
 // needs `Authorization: Bearer <token>` with one of the admin tokens
 // (internal/adminauth): GET needs the read scope, POST the mutate scope.
 // With no token configured /v1/* answers 403. Every refusal is logged at
@@ -524,7 +524,7 @@ func (a *API) postRun(k owned.Kind) http.HandlerFunc {
 		}
 		req, err := DecodeRunRequest(k, body)
 		if err != nil {
-			writeProblem(w, r, newProblem(http.StatusBadRequest, CodeBadInput, badInputDetail(err)), 0)
+			writeProblem(w, r, rejectionProblem(err), 0)
 			return
 		}
 		t := trigger(r, req.RequestID, req.RequestedBy)

@@ -37,10 +37,16 @@ const token = "s3cret-token-s3cret-token-s3cret-token"
 
 var periodRE = regexp.MustCompile(`^2[0-9]{3}-(0[1-9]|1[0-2])$`)
 
+// testNow is the bill-run kind's clock in these tests: 2026-11 is the
+// latest closed period, 2026-12 the open one (UTC, 24 months back without
+// force).
+var testNow = time.Date(2026, time.December, 3, 7, 0, 0, 0, time.UTC)
+
 // testKinds are the real bill-run and sweep kinds: the API decodes their
 // bodies as in production.
 func testKinds(t testing.TB) *owned.Registry {
-	reg, err := owned.NewRegistry(billrun.New(billrun.Config{}), msisdnreaper.NewSweepKind(msisdnreaper.Config{}))
+	bills := billrun.New(billrun.Config{Calendar: billrun.Calendar{Now: func() time.Time { return testNow }}})
+	reg, err := owned.NewRegistry(bills, msisdnreaper.NewSweepKind(msisdnreaper.Config{}))
 	require.NoError(t, err)
 	return reg
 }
@@ -69,7 +75,7 @@ func (f *fakeDispatcher) Start(_ context.Context, k owned.Kind, p owned.Params, 
 	if f.err != nil {
 		return job.Result{Outcome: f.errOutcome}, false, f.err
 	}
-	period := p.(billrun.Period).String()
+	period := k.(owned.StatusKind).StatusID(p)
 	res := job.Result{Job: k.Spec().Name, Key: k.LockKey(p), Replica: "r1", RequestID: t.RequestID}
 	o, ok := f.outcomes[period]
 	if !ok {
@@ -444,13 +450,18 @@ func TestPostBillRun(t *testing.T) {
 		{"already owned", `{"period":"2026-02"}`, http.StatusConflict, httpapi.CodeLockAcquisitionFailed, "already_owned", "r2", "billrun:2026-02"},
 		{"unavailable", `{"period":"2026-03"}`, http.StatusServiceUnavailable, httpapi.CodeLockAcquisitionFailed, "unavailable", "", "billrun:2026-03"},
 		{"failed", `{"period":"2026-04"}`, http.StatusInternalServerError, httpapi.CodeRunFailed, "failed", "", "billrun:2026-04"},
-		{"bad period", `{"period":"2026-13"}`, http.StatusBadRequest, httpapi.CodeBadInput, "", "", ""},
-		{"missing period", `{}`, http.StatusBadRequest, httpapi.CodeBadInput, "", "", ""},
-		{"empty body", ``, http.StatusBadRequest, httpapi.CodeBadInput, "", "", ""},
-		{"unknown field", `{"period":"2026-11","force":true}`, http.StatusBadRequest, httpapi.CodeBadInput, "", "", ""},
+		{"bad period", `{"period":"2026-13"}`, http.StatusBadRequest, httpapi.CodeBadInput, "bad_period", "", ""},
+		{"missing period", `{}`, http.StatusBadRequest, httpapi.CodeBadInput, "missing_period", "", ""},
+		{"empty body", ``, http.StatusBadRequest, httpapi.CodeBadInput, "missing_period", "", ""},
+		{"unknown field", `{"period":"2026-11","dry_run":true}`, http.StatusBadRequest, httpapi.CodeBadInput, "malformed_json", "", ""},
+		{"forced", `{"period":"2020-01","force":true}`, http.StatusAccepted, "", "", "", ""},
+		{"too old", `{"period":"2020-01"}`, http.StatusBadRequest, httpapi.CodeBadInput, billrun.ReasonPeriodTooOld, "", ""},
+		{"open period", `{"period":"2026-12"}`, http.StatusUnprocessableEntity, httpapi.CodeBadInput, billrun.ReasonPeriodNotClosed, "", ""},
+		{"open period forced", `{"period":"2026-12","force":true}`, http.StatusUnprocessableEntity, httpapi.CodeBadInput, billrun.ReasonPeriodNotClosed, "", ""},
+		{"future period", `{"period":"2999-12"}`, http.StatusUnprocessableEntity, httpapi.CodeBadInput, billrun.ReasonPeriodNotClosed, "", ""},
 		{"trailing data", `{"period":"2026-11"} {}`, http.StatusBadRequest, httpapi.CodeBadInput, "", "", ""},
 		{"not an object", `["2026-11"]`, http.StatusBadRequest, httpapi.CodeBadInput, "", "", ""},
-		{"period not a string", `{"period":202611}`, http.StatusBadRequest, httpapi.CodeBadInput, "", "", ""},
+		{"period not a string", `{"period":202611}`, http.StatusBadRequest, httpapi.CodeBadInput, "malformed_json", "", ""},
 		{"bad request_id", `{"period":"2026-11","request_id":"a b"}`, http.StatusBadRequest, httpapi.CodeBadInput, "", "", ""},
 		{"too large", `{"period":"2026-11","requested_by":"` + strings.Repeat("x", 70<<10) + `"}`, http.StatusRequestEntityTooLarge, httpapi.CodePayloadTooLarge, "", "", ""},
 	}
@@ -723,4 +734,25 @@ func TestServer(t *testing.T) {
 	http.DefaultClient.CloseIdleConnections()
 	_, err = http.Get(url)
 	require.Error(t, err, "stopped server refuses connections")
+}
+
+// A period that has not ended in the billing zone is refused with 422, forced
+// or not, and the problem names the period, the zone and the end; nothing is
+// dispatched.
+func TestPostBillRunOpenPeriodIs422(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	for _, body := range []string{`{"period":"2026-12"}`, `{"period":"2026-12","force":true}`, `{"period":"2027-01","adjust":true}`} {
+		r := b.do(t, "POST", "/v1/billruns", body)
+		require.Equal(t, http.StatusUnprocessableEntity, r.code, string(r.body))
+		require.Equal(t, httpapi.ProblemContentType, r.header.Get("Content-Type"))
+		require.Equal(t, billrun.ReasonPeriodNotClosed, r.problem.Reason)
+		require.Equal(t, "UTC", r.problem.Fields["zone"])
+		require.Contains(t, r.problem.Detail, r.problem.Fields["period"])
+		require.Contains(t, r.problem.Detail, "UTC")
+	}
+	r := b.do(t, "POST", "/v1/billruns", `{"period":"2026-12"}`)
+	require.Equal(t, "2026-12", r.problem.Fields["period"])
+	require.Equal(t, "2027-01-01T00:00:00Z", r.problem.Fields["period_end"])
+	require.Empty(t, b.disp.triggers, "nothing was dispatched")
 }

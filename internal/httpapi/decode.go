@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"strings"
 	"unicode/utf8"
 
@@ -72,14 +73,22 @@ func DecodeRunRequest(k owned.Kind, body []byte) (RunRequest, error) {
 	return req, nil
 }
 
-// badInputDetail is what a 400 says: a kind's rejection detail, or the
-// message of another bad-input error.
-func badInputDetail(err error) string {
+// rejectionProblem is the problem document of a trigger that is refused as
+// it is decoded: 400 BAD_INPUT, or 422 for a kind's rejection of
+// well-formed input it cannot run as asked (a bill run's period that has not
+// ended yet), with the rejection's reason and fields.
+func rejectionProblem(err error) Problem {
 	var re *owned.RejectError
-	if errors.As(err, &re) {
-		return re.Detail
+	if !errors.As(err, &re) {
+		return newProblem(http.StatusBadRequest, CodeBadInput, err.Error())
 	}
-	return err.Error()
+	status := http.StatusBadRequest
+	if re.Unprocessable {
+		status = http.StatusUnprocessableEntity
+	}
+	p := newProblem(status, CodeBadInput, re.Detail)
+	p.Reason, p.Fields = re.Reason, re.Fields
+	return p
 }
 
 func decodeStrict(body []byte, v any, emptyOK bool) error {

@@ -7,7 +7,8 @@ import (
 )
 
 // Error codes carried in the `code` member of every problem document.
-// LOCK_ACQUISITION_FAILED is ADR-024's; the others are this API's.
+// LOCK_ACQUISITION_FAILED is ADR-024's (docs/adr/024-distributed-lock-strategy.md);
+// the others are this API's (docs/contract.md).
 const (
 	CodeLockAcquisitionFailed = "LOCK_ACQUISITION_FAILED"
 	CodeBadInput              = "BAD_INPUT"
@@ -33,7 +34,7 @@ const ProblemContentType = "application/problem+json"
 // dereferenceable-looking name per code (RFC 9457 allows non-resolvable URIs).
 const problemTypeBase = "urn:telco-platform:coordinator:problem:"
 
-// Problem is an RFC 9457 problem document plus ADR-024's members: code,
+// Problem is an RFC 9457 problem document plus ADR-024's members (docs/contract.md): code,
 // reason, lockKey and owner where they apply.
 type Problem struct {
 	Type   string `json:"type"`
@@ -50,6 +51,9 @@ type Problem struct {
 	RequestID string `json:"requestId,omitempty"`
 	// Checks are readiness's failing conditions (name -> a fixed reason).
 	Checks map[string]string `json:"checks,omitempty"`
+	// Fields name the values a rejected trigger was refused for (a bill
+	// run's period and billing zone).
+	Fields map[string]string `json:"fields,omitempty"`
 }
 
 func newProblem(status int, code, detail string) Problem {

@@ -44,7 +44,7 @@ const (
 	OutcomeFailed           Outcome = "failed"
 )
 
-// Exit codes of `coordinator run` and `coordinator lock` (DESIGN.md contract).
+// Exit codes of `coordinator run` and `coordinator lock` (docs/contract.md).
 const (
 	ExitOK           = 0
 	ExitFailed       = 1

@@ -2,7 +2,8 @@
 // transport settings (TLS, SASL) into franz-go options. Every Kafka client
 // of the coordinator (the trigger consumer and its DLQ producer, the event
 // sink, the topic admin, `coordinator trigger` and `coordinator watch`)
-// takes its options from Options, so none can be left on plaintext.
+// takes its options from Options, so none can be left on plaintext, and
+// franz-go's own log lines of each reach the coordinator's log (Logger).
 //
 // Check tells the failures retrying cannot mend (credentials the broker
 // rejects, a certificate that does not verify, a TLS listener reached
@@ -16,6 +17,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -28,10 +30,14 @@ import (
 )
 
 // Options returns the TLS and SASL options of cfg (none for a plaintext,
-// unauthenticated cluster). The seed brokers, client id and the client's
-// own options are the caller's.
-func Options(cfg config.Config) ([]kgo.Opt, error) {
+// unauthenticated cluster) and, when log is not nil, the option that sends
+// franz-go's own log lines to log (Logger). The seed brokers, client id and
+// the client's own options are the caller's.
+func Options(cfg config.Config, log *slog.Logger) ([]kgo.Opt, error) {
 	var opts []kgo.Opt
+	if log != nil {
+		opts = append(opts, kgo.WithLogger(Logger(log)))
+	}
 	if cfg.KafkaTLSEnabled() {
 		tc, err := cfg.KafkaTLSFiles().Config()
 		if err != nil {

@@ -40,7 +40,7 @@ func load(t *testing.T, env map[string]string) config.Config {
 // client builds a franz-go client the way every coordinator client does.
 func client(t *testing.T, cfg config.Config, extra ...kgo.Opt) *kgo.Client {
 	t.Helper()
-	opts, err := kafkaconn.Options(cfg)
+	opts, err := kafkaconn.Options(cfg, nil)
 	require.NoError(t, err)
 	cl, err := kgo.NewClient(append(append([]kgo.Opt{kgo.SeedBrokers(cfg.KafkaBrokers...)}, opts...), extra...)...)
 	require.NoError(t, err)
@@ -122,13 +122,13 @@ func TestCertificateProblemsAreFatal(t *testing.T) {
 		env := secureEnv(k, config.SASLScramSHA512)
 		delete(env, "COORDINATOR_KAFKA_TLS_CA_FILE")
 		env["COORDINATOR_KAFKA_TLS"] = "true"
-		checkFails(t, env, kafkaconn.ErrCertificate)
+		_ = checkFails(t, env, kafkaconn.ErrCertificate)
 	})
 	t.Run("another CA", func(t *testing.T) {
 		t.Parallel()
 		env := secureEnv(k, config.SASLScramSHA512)
 		env["COORDINATOR_KAFKA_TLS_CA_FILE"] = foreignCA
-		checkFails(t, env, kafkaconn.ErrCertificate)
+		_ = checkFails(t, env, kafkaconn.ErrCertificate)
 	})
 	t.Run("client certificate", func(t *testing.T) {
 		t.Parallel()
@@ -136,9 +136,9 @@ func TestCertificateProblemsAreFatal(t *testing.T) {
 		// one, or with another CA's, the handshake fails; with the test
 		// client's it passes, which proves the client sends what it is given.
 		env := map[string]string{"COORDINATOR_KAFKA_BROKERS": strings.Join(k.MTLSBrokers, ","), "COORDINATOR_KAFKA_TLS_CA_FILE": k.CAFile}
-		checkFails(t, env, kafkaconn.ErrCertificate)
+		_ = checkFails(t, env, kafkaconn.ErrCertificate)
 		env["COORDINATOR_KAFKA_TLS_CERT_FILE"], env["COORDINATOR_KAFKA_TLS_KEY_FILE"] = foreignCert, foreignKey
-		checkFails(t, env, kafkaconn.ErrCertificate)
+		_ = checkFails(t, env, kafkaconn.ErrCertificate)
 
 		env["COORDINATOR_KAFKA_TLS_CERT_FILE"], env["COORDINATOR_KAFKA_TLS_KEY_FILE"] = k.ClientCertFile, k.ClientKeyFile
 		cl := client(t, load(t, env))
@@ -148,7 +148,7 @@ func TestCertificateProblemsAreFatal(t *testing.T) {
 	})
 	t.Run("plaintext client on the TLS listener", func(t *testing.T) {
 		t.Parallel()
-		checkFails(t, map[string]string{"COORDINATOR_KAFKA_BROKERS": strings.Join(k.Brokers, ",")}, kafkaconn.ErrHandshake)
+		_ = checkFails(t, map[string]string{"COORDINATOR_KAFKA_BROKERS": strings.Join(k.Brokers, ",")}, kafkaconn.ErrHandshake)
 	})
 }
 
@@ -167,7 +167,7 @@ func TestUnreachableIsNotFatal(t *testing.T) {
 func TestPlaintextHasNoOptions(t *testing.T) {
 	t.Parallel()
 	cfg := load(t, nil)
-	opts, err := kafkaconn.Options(cfg)
+	opts, err := kafkaconn.Options(cfg, nil)
 	require.NoError(t, err)
 	require.Empty(t, opts)
 	require.Equal(t, "plaintext", kafkaconn.Describe(cfg))

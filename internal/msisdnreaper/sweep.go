@@ -264,7 +264,7 @@ with picked as materialized (
      for update skip locked),
 freed as (
     update msisdn_pool
-       set state = 'FREE', reserved_until = null, reserved_by = null, updated_at = now()
+       set state = 'FREE', reserved_until = null, reserved_by = null, reservation_token = null, updated_at = now()
      where msisdn = any(array(select msisdn from picked))
        and state = 'RESERVED'
     returning msisdn),
@@ -282,7 +282,7 @@ select (select count(*) from freed), (select reserved_until from last), (select 
 const sqlSweepBatchMsisdn = `
 with freed as (
     update msisdn_pool
-       set state = 'FREE', reserved_until = null, reserved_by = null, updated_at = now()
+       set state = 'FREE', reserved_until = null, reserved_by = null, reservation_token = null, updated_at = now()
      where msisdn = any(array(select msisdn from msisdn_pool
                                where state = 'RESERVED' and reserved_until < now() and msisdn > $3
                                  and $2::timestamptz is not null
@@ -298,7 +298,7 @@ select count(*), null::timestamptz, max(msisdn) from freed`
 const sqlSweepBatchUnordered = `
 with freed as (
     update msisdn_pool
-       set state = 'FREE', reserved_until = null, reserved_by = null, updated_at = now()
+       set state = 'FREE', reserved_until = null, reserved_by = null, reservation_token = null, updated_at = now()
      where msisdn = any(array(select msisdn from msisdn_pool
                                where state = 'RESERVED' and reserved_until < now()
                                  and $2::timestamptz is not null and $3::text is not null
@@ -313,7 +313,7 @@ select count(*), null::timestamptz, null::text from freed`
 const sqlSweepBatchOrdered = `
 with freed as (
     update msisdn_pool
-       set state = 'FREE', reserved_until = null, reserved_by = null, updated_at = now()
+       set state = 'FREE', reserved_until = null, reserved_by = null, reservation_token = null, updated_at = now()
      where msisdn = any(array(select msisdn from msisdn_pool
                                where state = 'RESERVED' and reserved_until < now()
                                  and $2::timestamptz is not null and $3::text is not null
@@ -361,7 +361,7 @@ func (s *Sweeper) Run(ctx context.Context, run *owned.Run, p owned.Params) (owne
 	log := run.Log()
 	switch fr.reason {
 	case stopDrained, stopDeadline:
-		log.Info("sweep_completed", "freed", fr.freed, "batches", fr.batches, "stopped", fr.reason, "walk", walk, "took", took)
+		log.Info("sweep_completed", "freed", fr.freed, "batches", fr.batches, "stopped", fr.reason, "walk", walk, "duration_ms", took.Milliseconds())
 		return rep, nil
 	case stopLeaseLost, stopShutdown:
 		log.Warn("sweep_stopped", "reason", fr.reason, "freed", fr.freed, "batches", fr.batches)

@@ -13,7 +13,10 @@
 // the Worker's Run does the work. Optional interfaces add what some kinds
 // need: Leaser (explicit lease, minimum hold), Claimer (a fenced claim in
 // the kind's store), Scheduler (a cron spec), StatusKind and StatusReader
-// (GET HTTPPath/{id}), Observer (metrics of its own), RecordKeyed.
+// (GET HTTPPath/{id}), Observer (metrics of its own), RecordKeyed,
+// Configurer (Decode and Flags that depend on the deployment's
+// configuration: a bill run admits only periods closed in the billing zone).
+// A RejectError marked Unprocessable is answered 422 over HTTP.
 //
 // The kind's name is its entry in the registry of lock-key namespaces:
 // kind "billrun" locks "billrun:2026-11", and no other kind may lock under

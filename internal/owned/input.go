@@ -31,6 +31,13 @@ type RejectError struct {
 	Reason string
 	// Detail says what was wrong, naming the value.
 	Detail string
+	// Unprocessable marks input that is well-formed but cannot be run as
+	// asked (a bill run's period that has not ended yet): HTTP answers 422,
+	// not 400. The DLQ and the CLI treat it like any rejection.
+	Unprocessable bool
+	// Fields name the values the rejection is about ("period", "zone"):
+	// the problem document's fields member.
+	Fields map[string]string
 }
 
 func (e *RejectError) Error() string { return "rejected (" + e.Reason + "): " + e.Detail }

@@ -124,7 +124,7 @@ type Leaser interface {
 	Lease(p Params) Lease
 }
 
-// Lease is how a run holds its lock (ADR-024 Section 4).
+// Lease is how a run holds its lock (ADR-024 decision 3, docs/adr/024-distributed-lock-strategy.md).
 type Lease struct {
 	// TTL 0 is a watchdog-managed lease (renewed while the process lives);
 	// TTL > 0 is an explicit lease that hard-expires.

@@ -39,9 +39,10 @@ type Runner struct {
 	inFlight inFlight
 }
 
-// NewRunner opens every registered kind with d (nothing is contacted) and
-// returns the template that runs them. The replica id is
-// d.Config.ReplicaID, else the Locker's owner. emit may be nil.
+// NewRunner configures (Configurer) and opens every registered kind with d
+// (nothing is contacted) and returns the template that runs them. The
+// replica id is d.Config.ReplicaID, else the Locker's owner. emit may be
+// nil.
 func NewRunner(reg *Registry, d Deps, emit events.Emitter) (*Runner, error) {
 	if reg == nil || d.Locker == nil {
 		return nil, errors.New("owned: NewRunner needs a Registry and a Locker")
@@ -67,6 +68,7 @@ func NewRunner(reg *Registry, d Deps, emit events.Emitter) (*Runner, error) {
 	if r.replica == "" {
 		r.replica = d.Locker.Owner()
 	}
+	reg.Configure(d.Config)
 	for _, k := range reg.Kinds() {
 		name := k.Spec().Name
 		w, err := k.Open(d)
@@ -373,7 +375,7 @@ func (o *Owned) release(ctx context.Context) {
 	}
 	if hold := o.lease.MinHold; hold > 0 {
 		if remaining := hold - time.Since(o.run.acquired); remaining > 0 {
-			log.Info("run_release_deferred", "min_hold", hold, "release_in", remaining)
+			log.Info("run_release_deferred", "min_hold_ms", hold.Milliseconds(), "release_in_ms", remaining.Milliseconds())
 			o.run.send(ctx, events.OwnershipReleased, o.run.fence, "", map[string]any{"release": "after_min_hold",
 				"release_in_ms": remaining.Milliseconds(), "min_hold_ms": hold.Milliseconds()})
 			time.AfterFunc(remaining, func() {

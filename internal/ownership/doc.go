@@ -1,4 +1,5 @@
-// Package ownership is the port of ADR-024's DistributedLock: it decides
+// Package ownership is the port of ADR-024's DistributedLock
+// (docs/adr/024-distributed-lock-strategy.md): it decides
 // which replica owns a piece of scheduled work (a bill run for a period, an
 // MSISDN reaper sweep) and tells the owner when it stops owning it.
 //

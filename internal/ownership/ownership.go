@@ -74,7 +74,8 @@ type Lease interface {
 	Release(ctx context.Context) error
 }
 
-// CodeLockAcquisitionFailed is the error code ADR-024 Section 5 names.
+// CodeLockAcquisitionFailed is the error code ADR-024 decision 7 names
+// (docs/adr/024-distributed-lock-strategy.md).
 const CodeLockAcquisitionFailed = "LOCK_ACQUISITION_FAILED"
 
 // Reason says why an acquisition failed.

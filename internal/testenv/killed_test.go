@@ -96,7 +96,7 @@ func TestKilledTestBinaryLeavesNoServer(t *testing.T) {
 		for pid, started := range tree {
 			_, start, state := procStat(pid)
 			alive := start == started && state != "Z" && state != "X" // a zombie has exited
-			assert.False(c, alive, "process %d (%s) outlived the killed test binary", pid, cmdline(pid))
+			require.False(c, alive, "process %d (%s) outlived the killed test binary", pid, cmdline(pid))
 		}
 	}, 30*time.Second, 50*time.Millisecond)
 	for _, port := range []int{redisPort, pgPort} {

@@ -62,7 +62,7 @@ func startChild(cmd *exec.Cmd, ready string, within time.Duration) (*child, erro
 	case <-c.done:
 		return nil, fmt.Errorf("exited at start (%v): %s", cmd.ProcessState, c.out)
 	case <-time.After(within):
-		c.stop(syscall.SIGKILL, time.Minute)
+		_ = c.stop(syscall.SIGKILL, time.Minute) // not ready: killed either way, the error below says why
 		return nil, fmt.Errorf("not ready within %s: %s", within, c.out)
 	}
 }

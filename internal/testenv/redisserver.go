@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -162,12 +161,12 @@ func (s *RedisServer) Stall(t testing.TB, d time.Duration) <-chan struct{} {
 	sleeper := redis.NewClient(&redis.Options{Addr: s.Addr(), ReadTimeout: d + 10*time.Second, MaxRetries: -1})
 	probe := redis.NewClient(&redis.Options{Addr: s.Addr(), ReadTimeout: 50 * time.Millisecond, MaxRetries: -1, PoolSize: 1})
 	defer probe.Close()
-	require := func(err error) {
+	must := func(err error) {
 		if err != nil {
 			t.Fatalf("testenv: stall %s: %v", s.Addr(), err)
 		}
 	}
-	require(probe.Ping(context.Background()).Err()) // a connection before the stall
+	must(probe.Ping(context.Background()).Err()) // a connection before the stall
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -179,7 +178,7 @@ func (s *RedisServer) Stall(t testing.TB, d time.Duration) <-chan struct{} {
 	// The probe connection was made before the stall: a PING that times
 	// out means the event loop is asleep.
 	var stalled bool
-	assert.Eventually(t, func() bool {
+	require.Eventually(t, func() bool {
 		if probe.Ping(context.Background()).Err() != nil {
 			stalled = true
 			return true

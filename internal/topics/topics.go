@@ -1,4 +1,4 @@
-// Package topics names the contract's Kafka topics (DESIGN.md), applies the
+// Package topics names the contract's Kafka topics (docs/contract.md), applies the
 // deployment's topic prefix, and makes sure the topics exist: Ensure creates
 // the missing ones when allowed, Check is the readiness probe that names
 // every missing topic.

@@ -17,7 +17,7 @@ import (
 
 var (
 	nov   = billrun.Period{Year: 2026, Month: time.November}
-	bills = billrun.New(billrun.Config{})
+	bills = testBills()
 )
 
 func TestDecodeRecord(t *testing.T) {
@@ -45,6 +45,11 @@ func TestDecodeRecord(t *testing.T) {
 		{name: "year 1999", value: `{"period":"1999-12"}`, reason: billrun.ReasonBadPeriod},
 		{name: "format", value: `{"period":"2026/11"}`, reason: billrun.ReasonBadPeriod},
 		{name: "key mismatch", key: "2026-10", value: `{"period":"2026-11"}`, reason: billrun.ReasonKeyMismatch},
+		{name: "open period", key: "2026-12", value: `{"period":"2026-12"}`, reason: billrun.ReasonPeriodNotClosed},
+		{name: "open period forced", value: `{"period":"2026-12","force":true}`, reason: billrun.ReasonPeriodNotClosed},
+		{name: "future period", value: `{"period":"2999-12"}`, reason: billrun.ReasonPeriodNotClosed},
+		{name: "too old", value: `{"period":"2020-01"}`, reason: billrun.ReasonPeriodTooOld},
+		{name: "forced", value: `{"period":"2020-01","force":true}`, want: trigger.Request{Params: billrun.Request{Period: billrun.Period{Year: 2020, Month: time.January}, Force: true}}},
 		{name: "empty request id", value: `{"period":"2026-11","request_id":""}`, reason: owned.ReasonBadRequestID},
 		{name: "request id spaces", value: `{"period":"2026-11","request_id":"a b"}`, reason: owned.ReasonBadRequestID},
 		{name: "request id long", value: `{"period":"2026-11","request_id":"` + strings.Repeat("a", 129) + `"}`, reason: owned.ReasonBadRequestID},

@@ -188,7 +188,7 @@ func (d *Dispatcher) finished(ctx context.Context, t job.Trigger, res job.Result
 	}
 	args := []any{"job", res.Job, "lock_key", res.Key,
 		"outcome", string(res.Outcome), "trigger", string(t.Source), "request_id", t.RequestID,
-		"owner", res.Owner, "fence", res.Fence, "duration", time.Duration(res.DurationMS) * time.Millisecond, "err", res.Error}
+		"owner", res.Owner, "fence", res.Fence, "duration_ms", res.DurationMS, "error", res.Error}
 	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
 		args = append(args, "trace_id", sc.TraceID().String())
 	}
@@ -220,9 +220,10 @@ func (d *Dispatcher) Shutdown(ctx context.Context) {
 }
 
 // CronJobs are the schedules of every kind whose Worker is an
-// owned.Scheduler with a spec. A tick's work runs detached from the cron's
-// own cancellation: shutdown gives it the dispatcher's bound
-// (COORDINATOR_SHUTDOWN_TIMEOUT) to finish.
+// owned.Scheduler with a spec. A tick's params are the kind's Tick at the
+// tick's scheduled time (a catch-up's is the missed tick's). A tick's work
+// runs detached from the cron's own cancellation: shutdown gives it the
+// dispatcher's bound (COORDINATOR_SHUTDOWN_TIMEOUT) to finish.
 func (d *Dispatcher) CronJobs() []CronJob {
 	var jobs []CronJob
 	for _, k := range d.Kinds().Kinds() {
@@ -232,8 +233,8 @@ func (d *Dispatcher) CronJobs() []CronJob {
 		}
 		spec := s.Schedule()
 		loc := ScheduleLocation(spec)
-		jobs = append(jobs, CronJob{Name: k.Spec().Name, Spec: spec, Run: func(ctx context.Context, t job.Trigger) {
-			p, err := s.Tick(time.Now().In(loc))
+		jobs = append(jobs, CronJob{Name: k.Spec().Name, Spec: spec, Run: func(ctx context.Context, t job.Trigger, at time.Time) {
+			p, err := s.Tick(at.In(loc))
 			if err != nil {
 				d.log.Error("cron_tick_failed", "job", k.Spec().Name, "request_id", t.RequestID, "error", err)
 				return

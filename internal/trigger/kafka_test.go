@@ -196,7 +196,7 @@ func (b *kafkaBundle) waitCommitted(t *testing.T, r *kgo.Record, want int64) {
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		at, err := b.committedOffset(r)
 		require.NoError(c, err)
-		assert.Equal(c, want, at, "committed offset of %s/%d", r.Topic, r.Partition)
+		require.Equal(c, want, at, "committed offset of %s/%d", r.Topic, r.Partition)
 	}, 30*time.Second, 50*time.Millisecond)
 }
 
@@ -204,7 +204,7 @@ func (b *kafkaBundle) waitCommitted(t *testing.T, r *kgo.Record, want int64) {
 func waitEvents(t *testing.T, rec *events.Recorder, typ events.Type, n int) {
 	t.Helper()
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		assert.GreaterOrEqual(c, len(rec.OfType(typ)), n, "%s events", typ)
+		require.GreaterOrEqual(c, len(rec.OfType(typ)), n, "%s events", typ)
 	}, 60*time.Second, 10*time.Millisecond)
 }
 
@@ -233,6 +233,7 @@ func TestHandledTriggersAreCommittedBadOnesGoToDLQAndTheNextIsProcessed(t *testi
 	first := b.produce(t, b.bills, "2026-11", `{"period":"2026-11","request_id":"req-1","requested_by":"ops"}`)
 	bad := b.produce(t, b.bills, "2026-11", `{"period":"2026-11"`, orig)
 	badPeriod := b.produce(t, b.bills, "2026-11", `{"period":"2026-13"}`)
+	open := b.produce(t, b.bills, "2026-12", `{"period":"2026-12","force":true}`)
 	next := b.produce(t, b.bills, "2026-11", `{"period":"2026-11"}`)
 	require.Equal(t, first.Partition, next.Partition, "one key, one partition")
 
@@ -243,23 +244,35 @@ func TestHandledTriggersAreCommittedBadOnesGoToDLQAndTheNextIsProcessed(t *testi
 		"a missing request_id is derived from the record, deterministically")
 	b.waitCommitted(t, next, next.Offset+1)
 
-	dlq := b.readDLQ(t, 2)
-	require.Equal(t, []byte(`{"period":"2026-11"`), dlq[0].Value, "original bytes")
-	require.Equal(t, []byte("2026-11"), dlq[0].Key)
-	require.Equal(t, "malformed_json", header(dlq[0], "reason"))
-	require.Equal(t, "00-abc-01", header(dlq[0], "traceparent"), "original headers kept")
-	require.Equal(t, b.bills, header(dlq[0], "source-topic"))
-	require.Equal(t, fmt.Sprint(bad.Partition), header(dlq[0], "source-partition"))
-	require.Equal(t, fmt.Sprint(bad.Offset), header(dlq[0], "source-offset"))
-	require.Equal(t, "bad_period", header(dlq[1], "reason"))
-	require.Equal(t, fmt.Sprint(badPeriod.Offset), header(dlq[1], "source-offset"))
+	dlq := map[string]*kgo.Record{} // by reason: the open month's key may sit on another partition
+	for _, r := range b.readDLQ(t, 3) {
+		dlq[header(r, "reason")] = r
+	}
+	require.Len(t, dlq, 3)
+	mal := dlq["malformed_json"]
+	require.NotNil(t, mal)
+	require.Equal(t, []byte(`{"period":"2026-11"`), mal.Value, "original bytes")
+	require.Equal(t, []byte("2026-11"), mal.Key)
+	require.Equal(t, "00-abc-01", header(mal, "traceparent"), "original headers kept")
+	require.Equal(t, b.bills, header(mal, "source-topic"))
+	require.Equal(t, fmt.Sprint(bad.Partition), header(mal, "source-partition"))
+	require.Equal(t, fmt.Sprint(bad.Offset), header(mal, "source-offset"))
+	require.NotNil(t, dlq["bad_period"])
+	require.Equal(t, fmt.Sprint(badPeriod.Offset), header(dlq["bad_period"], "source-offset"))
+	// The open month, even forced: never billable.
+	require.NotNil(t, dlq["period_not_closed"])
+	require.Equal(t, []byte("2026-12"), dlq["period_not_closed"].Key)
+	require.Equal(t, fmt.Sprint(open.Offset), header(dlq["period_not_closed"], "source-offset"))
 
 	rejected := b.rec.OfType(events.TriggerRejected)
-	require.Len(t, rejected, 2)
-	require.Equal(t, "billrun:2026-11", rejected[0].Key)
-	require.Equal(t, "malformed_json", rejected[0].Extra["reason"])
-	require.Equal(t, "kafka", rejected[0].Trigger)
-	require.NotEmpty(t, rejected[0].Extra["detail"])
+	require.Len(t, rejected, 3)
+	keys := map[any]string{}
+	for _, e := range rejected {
+		keys[e.Extra["reason"]] = e.Key
+		require.Equal(t, "kafka", e.Trigger)
+		require.NotEmpty(t, e.Extra["detail"])
+	}
+	require.Equal(t, map[any]string{"malformed_json": "billrun:2026-11", "bad_period": "billrun:2026-11", "period_not_closed": "billrun:2026-12"}, keys)
 }
 
 func TestUnavailableIsNotCommittedAndRetriedInOrder(t *testing.T) {

@@ -2,6 +2,7 @@ package trigger_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -17,11 +18,20 @@ import (
 // with a kind of the tests' own.
 var widgetTopic = (&ownedtest.Widget{}).Topic()
 
+// testNow is the bill-run kind's clock in these tests: 2026-11 is the latest
+// closed period, 2026-12 the open one.
+var testNow = time.Date(2026, time.December, 3, 7, 0, 0, 0, time.UTC)
+
+// testBills is the real bill-run kind at testNow.
+func testBills() *billrun.Kind {
+	return billrun.New(billrun.Config{Calendar: billrun.Calendar{Now: func() time.Time { return testNow }}})
+}
+
 // registry is the kinds the consumer tests decode: the real bill-run kind
 // (its decoding is the contract's) and the widget.
 func registry(t testing.TB, w *ownedtest.Widget) *owned.Registry {
 	t.Helper()
-	reg, err := owned.NewRegistry(billrun.New(billrun.Config{}), w)
+	reg, err := owned.NewRegistry(testBills(), w)
 	require.NoError(t, err)
 	return reg
 }

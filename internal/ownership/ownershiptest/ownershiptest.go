@@ -220,7 +220,7 @@ func Run(t *testing.T, b Backend) {
 		key := uniqueKey("budget")
 		held, err := l.Acquire(ctx, key, 0)
 		require.NoError(t, err)
-		defer held.Release(ctx)
+		defer func() { _ = held.Release(ctx) }()
 
 		start := time.Now()
 		_, err = l.Acquire(ctx, key, 0)
@@ -242,7 +242,7 @@ func Run(t *testing.T, b Backend) {
 		pkey := uniqueKey("budget-ctx")
 		pheld, err := patient.Acquire(ctx, pkey, 0)
 		require.NoError(t, err)
-		defer pheld.Release(ctx)
+		defer func() { _ = pheld.Release(ctx) }()
 		dctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 		defer cancel()
 		start = time.Now()

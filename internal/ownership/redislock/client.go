@@ -103,7 +103,7 @@ func ParseOptions(rawURL, mode string) (*redis.UniversalOptions, error) {
 			MinIdleConns: p.MinIdleConns, MaxIdleConns: p.MaxIdleConns, MaxActiveConns: p.MaxActiveConns,
 			ConnMaxIdleTime: p.ConnMaxIdleTime, ConnMaxLifetime: p.ConnMaxLifetime, ConnMaxLifetimeJitter: p.ConnMaxLifetimeJitter,
 			PipelinePoolSize: p.PipelinePoolSize, PipelineReadBufferSize: p.PipelineReadBufferSize, PipelineWriteBufferSize: p.PipelineWriteBufferSize,
-			IdentitySuffix: p.IdentitySuffix, UnstableResp3: p.UnstableResp3,
+			IdentitySuffix: p.IdentitySuffix,
 		}
 	case ModeCluster:
 		p, err := redis.ParseClusterURL(rawURL)

@@ -216,7 +216,6 @@ func TestReleaseDoesNotWaitOutAStalledRenewal(t *testing.T) {
 // reply from the Locker until release is closed: a reply that arrives after
 // the holder's trust deadline (a slow return path, a paused client).
 type holdReplyHook struct {
-	lockKey string
 	once    sync.Once
 	ran     chan struct{}
 	release chan struct{}

@@ -1,0 +1,244 @@
+package billrun
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/telco-platform/coordinator/internal/events"
+	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/owned"
+)
+
+// Late usage and adjustment runs.
+//
+// An invoice written by a bill run records the usage it billed
+// (invoices.usage_cents). Usage of the period that arrives later is the
+// difference between the subscriber's usage_charges for the period and
+// what the invoice and earlier adjustments cover: an amount, not a set of
+// rows, so it does not matter in which order usage transactions committed.
+// Invoices without usage_cents (other writers', or written before it
+// existed) count as covering all usage; subscribers with no invoice for the
+// period are outside its population and have nothing to adjust.
+
+// Counts keys of an adjustment run, and of a late-usage check.
+const (
+	CountAdjustmentsCreated   = "adjustments_created"    // invoice_adjustments rows this adjustment run inserted
+	CountAdjustedCents        = "adjusted_cents"         // their amount
+	CountLateUsageSubscribers = "late_usage_subscribers" // subscribers with usage no invoice or adjustment covers
+	CountLateUsageCents       = "late_usage_cents"       // that usage's amount
+)
+
+// sqlLateUsage measures a period's late usage.
+//
+// $1 period.
+const sqlLateUsage = `
+select count(*), coalesce(sum(l.amount), 0)::bigint
+from (select u.total - i.usage_cents - coalesce(a.adjusted, 0) as amount
+      from invoices i
+      cross join lateral (select coalesce(sum(c.amount_cents), 0) as total from usage_charges c
+                          where c.subscriber_id = i.subscriber_id and c.period = i.period) u
+      cross join lateral (select sum(x.amount_cents) as adjusted from invoice_adjustments x
+                          where x.subscriber_id = i.subscriber_id and x.period = i.period) a
+      where i.period = $1 and i.usage_cents is not null) l
+where l.amount <> 0`
+
+// sqlClaimAdjust claims the period's adjustment run: only once its bill run
+// is COMPLETED, with fence+1 on every claim (an adjustment run may be run
+// again when more usage arrives), refused to a lock fence below the one
+// recorded (a stale holder). No row: no COMPLETED bill run, or a stale
+// holder.
+//
+// $1 period, $2 owner, $3 lock fence.
+const sqlClaimAdjust = `
+insert into bill_run_adjustments as a (period, status, owner, fence, lock_fence, attempts, started_at, updated_at)
+select $1, 'RUNNING', $2, 1, $3, 1, clock_timestamp(), clock_timestamp()
+from bill_runs r
+where r.period = $1 and r.status = 'COMPLETED'
+on conflict (period) do update
+set status      = 'RUNNING',
+    owner       = excluded.owner,
+    fence       = a.fence + 1,
+    lock_fence  = excluded.lock_fence,
+    attempts    = a.attempts + 1,
+    started_at  = clock_timestamp(),
+    finished_at = null,
+    last_error  = null,
+    updated_at  = clock_timestamp()
+where a.lock_fence is null or a.lock_fence <= excluded.lock_fence
+returning a.fence`
+
+// sqlAdjustFence proves, inside the adjustment transaction, that the claim
+// is still ours (FOR SHARE conflicts with a new claim's upsert).
+//
+// $1 period, $2 claim fence, $3 idle-in-transaction timeout.
+const sqlAdjustFence = `
+select a.fence, set_config('idle_in_transaction_session_timeout', $3, true)
+from bill_run_adjustments a
+where a.period = $1 and a.fence = $2 and a.status = 'RUNNING'
+for share`
+
+// sqlInsertAdjustments invoices the period's late usage, one row per
+// subscriber under this claim's fence (unique key: subscriber, period,
+// fence), set-based.
+//
+// $1 period, $2 claim fence.
+const sqlInsertAdjustments = `
+with late as materialized (
+    select i.subscriber_id, u.total - i.usage_cents - coalesce(a.adjusted, 0) as amount
+    from invoices i
+    cross join lateral (select coalesce(sum(c.amount_cents), 0) as total from usage_charges c
+                        where c.subscriber_id = i.subscriber_id and c.period = i.period) u
+    cross join lateral (select sum(x.amount_cents) as adjusted from invoice_adjustments x
+                        where x.subscriber_id = i.subscriber_id and x.period = i.period) a
+    where i.period = $1 and i.usage_cents is not null
+),
+ins as (
+    insert into invoice_adjustments (subscriber_id, period, amount_cents, adjust_fence)
+    select subscriber_id, $1, amount, $2 from late where amount <> 0 order by subscriber_id
+    on conflict (subscriber_id, period, adjust_fence) do nothing
+    returning amount_cents
+)
+select count(*), coalesce(sum(amount_cents), 0)::bigint from ins`
+
+// sqlFinishAdjust ends the adjustment claim under its fence.
+//
+// $1 period, $2 claim fence, $3 status, $4 last error, $5 adjustments, $6 cents.
+const sqlFinishAdjust = `
+update bill_run_adjustments
+set status       = $3,
+    last_error   = $4,
+    adjustments  = adjustments + $5,
+    amount_cents = amount_cents + $6,
+    finished_at  = clock_timestamp(),
+    updated_at   = clock_timestamp()
+where period = $1 and fence = $2 and status = 'RUNNING'`
+
+// lateUsage measures p's late usage.
+func (w *Worker) lateUsage(ctx context.Context, p Period) (subscribers, cents int64, err error) {
+	err = w.pool.QueryRow(ctx, sqlLateUsage, p.String()).Scan(&subscribers, &cents)
+	return subscribers, cents, err
+}
+
+// lateUsageTimeout bounds the late-usage check of an already_completed
+// answer: it reads every invoice of the period (no index leads with the
+// period), which must not hold a trigger's answer for long.
+const lateUsageTimeout = 10 * time.Second
+
+// reportLateUsage checks a COMPLETED period for late usage when a trigger
+// finds it completed: billrun.late_usage when there is some, and the gauge
+// either way. Best effort: a failed or timed-out check is logged and ok is
+// false.
+func (w *Worker) reportLateUsage(ctx context.Context, run *owned.Run, p Period) (subs, cents int64, ok bool) {
+	ctx, cancel := context.WithTimeout(ctx, lateUsageTimeout)
+	defer cancel()
+	subs, cents, err := w.lateUsage(ctx, p)
+	if err != nil {
+		run.Log().Warn("billrun_late_usage_check_failed", "period", p.String(), "error", err)
+		return 0, 0, false
+	}
+	w.cfg.Metrics.lateUsageChecked(p, subs)
+	if subs == 0 {
+		return 0, 0, true
+	}
+	run.Log().Warn("billrun_late_usage", "period", p.String(), CountLateUsageSubscribers, subs, CountLateUsageCents, cents)
+	run.Emit(ctx, events.BillrunLateUsage, map[string]any{
+		"period": p.String(), CountLateUsageSubscribers: subs, CountLateUsageCents: cents,
+		"adjust": fmt.Sprintf("coordinator run billrun --period %s --adjust", p),
+	})
+	return subs, cents, true
+}
+
+// claimAdjust claims p's adjustment run. Without a COMPLETED bill run the
+// answer is bad input: there is nothing to adjust yet.
+func (w *Worker) claimAdjust(ctx context.Context, run *owned.Run, p Period) (int64, error) {
+	var fence int64
+	err := w.pool.QueryRow(ctx, sqlClaimAdjust, p.String(), run.Replica(), run.LockFence()).Scan(&fence)
+	if errors.Is(err, pgx.ErrNoRows) {
+		st, serr := ReadStatus(ctx, w.pool, p)
+		switch {
+		case errors.Is(serr, ErrNotFound):
+			return 0, job.BadInput("period %s has no bill run: run it first; an adjustment run invoices usage that arrived after it COMPLETED", p)
+		case serr != nil:
+			return 0, fmt.Errorf("billrun: adjustment claim %s refused and status read failed: %w", p, serr)
+		case st.Status != StatusCompleted:
+			return 0, job.BadInput("period %s's bill run is %s, not COMPLETED: finish it first (an adjustment run invoices usage that arrived after it COMPLETED)", p, st.Status)
+		}
+		return 0, owned.Lost(ReasonFenceLost, fmt.Errorf("billrun: adjustment claim %s: a newer lock holder claimed it", p))
+	}
+	if err != nil {
+		return 0, fmt.Errorf("billrun: adjustment claim %s: %w", p, err)
+	}
+	return fence, nil
+}
+
+// runAdjust invoices p's late usage in one fenced transaction, then reports
+// what is left (normally nothing).
+func (w *Worker) runAdjust(ctx context.Context, run *owned.Run, p Period) (owned.Report, error) {
+	r := retrier{cfg: w.cfg, log: run.Log()}
+	var n, cents int64
+	err := r.retry(ctx, "adjust", func(ctx context.Context) error {
+		var err error
+		n, cents, err = w.adjustOnce(ctx, p, run.Fence())
+		return err
+	})
+	counts := map[string]int64{CountAdjustmentsCreated: n, CountAdjustedCents: cents}
+	if err == nil {
+		w.cfg.Metrics.adjusted(n)
+		run.Log().Info("billrun_adjusted", "period", p.String(), CountAdjustmentsCreated, n, CountAdjustedCents, cents)
+		if subs, cents, ok := w.reportLateUsage(ctx, run, p); ok {
+			counts[CountLateUsageSubscribers], counts[CountLateUsageCents] = subs, cents
+		}
+		return owned.Report{Counts: counts}, nil
+	}
+	endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+	defer cancel()
+	status, msg := StatusFailed, err.Error()
+	switch {
+	case errors.Is(err, errFenceLost):
+		return owned.Report{Counts: counts}, owned.Lost(ReasonFenceLost, nil)
+	case ctx.Err() != nil:
+		status, msg = StatusInterrupted, "interrupted"
+	}
+	if _, ferr := w.pool.Exec(endCtx, sqlFinishAdjust, p.String(), run.Fence(), status, msg, 0, 0); ferr != nil {
+		run.Log().Warn("billrun_mark_adjustment_failed", "error", ferr)
+	}
+	return owned.Report{Counts: counts}, fmt.Errorf("billrun: adjustment run %s: %w", p, err)
+}
+
+// adjustOnce is the adjustment transaction: prove the fence, insert the
+// adjustments, end the claim COMPLETED, commit.
+func (w *Worker) adjustOnce(ctx context.Context, p Period, fence int64) (n, cents int64, err error) {
+	tx, err := w.pool.Begin(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer func() {
+		rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = tx.Rollback(rbCtx) // no-op after Commit
+	}()
+	var got int64
+	var idle string
+	err = tx.QueryRow(ctx, sqlAdjustFence, p.String(), fence, w.cfg.IdleInTransactionTimeout.String()).Scan(&got, &idle)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, 0, errFenceLost
+	}
+	if err != nil {
+		return 0, 0, err
+	}
+	if err := tx.QueryRow(ctx, sqlInsertAdjustments, p.String(), fence).Scan(&n, &cents); err != nil {
+		return 0, 0, err
+	}
+	tag, err := tx.Exec(ctx, sqlFinishAdjust, p.String(), fence, StatusCompleted, nil, n, cents)
+	if err != nil {
+		return 0, 0, err
+	}
+	if tag.RowsAffected() != 1 {
+		return 0, 0, errFenceLost
+	}
+	return n, cents, tx.Commit(ctx)
+}
