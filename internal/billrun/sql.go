@@ -43,6 +43,15 @@ where r.status <> 'COMPLETED'
   and (r.lock_fence is null or r.lock_fence <= excluded.lock_fence)
 returning r.fence`
 
+// sqlIncomplete lists the periods whose run is not COMPLETED, with when
+// the latest claim started and its trigger (the resumer's view).
+const sqlIncomplete = `
+select period, status, coalesce(started_at, updated_at), coalesce(request_id, ''), coalesce(requested_by, ''),
+       coalesce(trigger_source, '')
+from bill_runs
+where status <> 'COMPLETED'
+order by period`
+
 // sqlStatus reads a period's row with totals summed from its committed
 // batches, and for its progress: the batches and subscribers of the latest
 // claim (fence) and the seconds it has run, by the database's clock.

@@ -568,7 +568,7 @@ func (c *KafkaConsumer) process(rec *kgo.Record) bool {
 		c.log.Warn("trigger_handler_error", "topic", rec.Topic, "offset", rec.Offset, "request_id", t.RequestID, "err", err)
 		return false
 	}
-	return res.Outcome.Handled()
+	return res.Handled()
 }
 
 // derivedID is the request id of a record that has none: the same on every
