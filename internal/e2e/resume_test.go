@@ -48,12 +48,12 @@ func TestOwnerKilledMidRunIsResumedWithoutANewTrigger(t *testing.T) {
 			d.seedSubscribers(3000, c.period)
 			slow := map[string]string{"COORDINATOR_TEST_BILLRUN_BATCH_DELAY": "400ms"}
 			args := []string{"--reaper-schedule="}
-			survivor := d.start("survivor", slow, "--reaper-schedule=")
+			survivor := d.start("r2", slow, "--reaper-schedule=")
 			var owner *replica
 			if c.cron {
-				owner = d.start("owner", slow, append(args, "--billrun-schedule=CRON_TZ=UTC * * * * * *")...)
+				owner = d.start("r1", slow, append(args, "--billrun-schedule=CRON_TZ=UTC * * * * * *")...)
 			} else {
-				owner = d.start("owner", slow, args...)
+				owner = d.start("r1", slow, args...)
 			}
 			d.waitGroupStable(2)
 			c.start(t, d, owner, c.period)
