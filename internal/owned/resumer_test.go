@@ -150,5 +150,5 @@ func mustVec(reg *prometheus.Registry, name, state string) prometheus.Collector 
 
 type collectorFunc func(chan<- prometheus.Metric)
 
-func (f collectorFunc) Describe(chan<- *prometheus.Desc)  {}
+func (f collectorFunc) Describe(chan<- *prometheus.Desc)    {}
 func (f collectorFunc) Collect(ch chan<- prometheus.Metric) { f(ch) }
