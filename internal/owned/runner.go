@@ -458,8 +458,8 @@ func (o *Owned) end(outcome job.Outcome) job.Result {
 //   - failed permanently: recorded permanent (it pages; nobody retries).
 //   - lost, a retryable failure, already_owned (the holder may still die),
 //     unavailable from cron: recorded for the resumer, and the Result is
-//     Deferred. Unavailable from Kafka or HTTP is not: Kafka retries the
-//     record in place, HTTP answered 503.
+//     Deferred. Unavailable from any other source is not: Kafka retries the
+//     record in place, HTTP answered 503, the CLI exited 69.
 //   - a run of the resumer itself: the resumer books its own attempts.
 //
 // A write that fails leaves the Result not Deferred, so a Kafka trigger is
@@ -477,7 +477,7 @@ func (o *Owned) settleRequest() {
 		permanent = true
 	case src == job.SourceResume:
 		return
-	case out == job.OutcomeUnavailable && (src == job.SourceKafka || src == job.SourceHTTP):
+	case out == job.OutcomeUnavailable && src != job.SourceCron:
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
