@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/telco-platform/coordinator/internal/billrun"
+	"github.com/telco-platform/coordinator/internal/testenv"
 )
 
 // The owner of a bill run SIGKILLed mid-run, for a run started by cron, by
@@ -156,4 +157,35 @@ select g, $2, 50 from generate_series(3, $1::bigint, 3) g`, 1500, p)
 	require.Zero(t, incomplete)
 	require.Len(t, d.events.match(func(e event) bool { return e.Type == "run.completed" && e.Subject == "billrun:"+moved }), 1,
 		fmt.Sprintf("%s completed once", moved))
+}
+
+// The bill-run cron tick meets Redis down: it answers unavailable (fail
+// closed, nothing runs), but its request is recorded, and once Redis is back
+// the resumer bills the period without waiting for the next tick (a month,
+// in production).
+func TestCronTickWhileRedisDownIsResumed(t *testing.T) {
+	t.Parallel()
+	rds := testenv.StartRedisServer(t)
+	d := newDeployment(t, rds.URL())
+	period := billrun.PeriodOf(time.Now().UTC()).Previous().String()
+	key := "billrun:" + period
+	d.seedSubscribers(600, period)
+	testenv.CoordinatorBinary(t) // built (once per test binary) before the clock starts
+	// One tick, 20 s from now (the spec fires once a day): time to start
+	// the replica and stop Redis before it.
+	at := time.Now().UTC().Add(20 * time.Second)
+	spec := fmt.Sprintf("--billrun-schedule=CRON_TZ=UTC %d %d %d * * *", at.Second(), at.Minute(), at.Hour())
+	d.start("r1", nil, "--reaper-schedule=", spec)
+	rds.Stop()
+	require.Greater(t, time.Until(at), 2*time.Second, "Redis stopped before the tick")
+
+	unavailable := d.events.waitFor(t, 60*time.Second, 1, "ownership.unavailable", ofType("ownership.unavailable", key))
+	require.Equal(t, "cron", unavailable[0].str("trigger"))
+	require.Empty(t, d.events.match(ofType("ownership.acquired", key)), "fail closed: nothing ran")
+
+	rds.Start()
+	done := d.events.waitFor(t, 60*time.Second, 1, "run.completed", ofType("run.completed", key))
+	require.Equal(t, "resume", done[0].str("trigger"))
+	require.Equal(t, unavailable[0].str("request_id"), done[0].str("request_id"), "the tick's request, resumed")
+	d.requireInvoicesExact(period)
 }
