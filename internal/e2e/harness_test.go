@@ -65,7 +65,12 @@ type deployment struct {
 // newDeployment sets everything up; redisURL "" means the shared test Redis.
 func newDeployment(t *testing.T, redisURL string) *deployment {
 	t.Helper()
-	pg := testenv.Postgres(t)
+	return newDeploymentOn(t, redisURL, testenv.Postgres(t))
+}
+
+// newDeploymentOn is newDeployment on the given (migrated) database.
+func newDeploymentOn(t *testing.T, redisURL string, pg *testenv.PG) *deployment {
+	t.Helper()
 	kafka := testenv.Kafka(t)
 	d := &deployment{
 		t:        t,

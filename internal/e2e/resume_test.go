@@ -13,6 +13,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/telco-platform/coordinator/internal/billrun"
+	"github.com/telco-platform/coordinator/internal/migrate"
+	"github.com/telco-platform/coordinator/internal/postgres"
 	"github.com/telco-platform/coordinator/internal/testenv"
 )
 
@@ -187,5 +189,48 @@ func TestCronTickWhileRedisDownIsResumed(t *testing.T) {
 	done := d.events.waitFor(t, 60*time.Second, 1, "run.completed", ofType("run.completed", key))
 	require.Equal(t, "resume", done[0].str("trigger"))
 	require.Equal(t, unavailable[0].str("request_id"), done[0].str("request_id"), "the tick's request, resumed")
+	d.requireInvoicesExact(period)
+}
+
+// Postgres stopped mid-run for longer than the batches' retries (and the
+// run's attempt to mark itself FAILED): the run ends failed, retryable, and
+// its trigger (HTTP, answered 202 long ago) is not repeated. Once Postgres
+// is back, the resumer of a replica resumes the period from its committed
+// batches and completes it with exact invoices.
+func TestPostgresDownLongerThanRetriesIsResumedByAReplica(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartPostgresServer(t)
+	ctx := context.Background()
+	pool, err := postgres.Connect(ctx, srv.DSN(), 8)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	m, err := migrate.New(pool)
+	require.NoError(t, err)
+	_, err = m.Up(ctx)
+	require.NoError(t, err)
+	require.NoError(t, m.Close())
+	d := newDeploymentOn(t, "", &testenv.PG{DSN: srv.DSN(), Pool: pool})
+	const period = "2026-05"
+	key := "billrun:" + period
+	d.seedSubscribers(3000, period)
+	slow := map[string]string{"COORDINATOR_TEST_BILLRUN_BATCH_DELAY": "300ms"}
+	rs := d.startReplicas(2, slow, "--reaper-schedule=")
+	code, _, body := rs[0].post(t, d.token, "/v1/billruns", `{"period":"`+period+`","request_id":"pg-down"}`)
+	require.Equal(t, http.StatusAccepted, code, string(body))
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		var batches int
+		require.NoError(c, pool.QueryRow(ctx, `select count(*) from bill_run_batches where period = $1`, period).Scan(&batches))
+		assert.Positive(c, batches, "batches committed")
+	}, 30*time.Second, 20*time.Millisecond)
+
+	srv.Stop()
+	failed := d.events.waitFor(t, 90*time.Second, 1, "run.failed", ofType("run.failed", key))
+	require.Equal(t, true, failed[0].Data["retryable"], "a lost connection is transient: %s", failed[0].str("error"))
+	srv.Start()
+
+	done := d.events.waitFor(t, 90*time.Second, 1, "run.completed", ofType("run.completed", key))
+	require.Equal(t, "resume", done[0].str("trigger"))
+	require.Equal(t, "pg-down", done[0].str("request_id"))
+	require.Greater(t, done[0].num("batches_skipped"), int64(0), "resumed from the committed batches")
 	d.requireInvoicesExact(period)
 }
