@@ -34,7 +34,7 @@ releases the lock only when CMD and every process it started are gone.
   --key    lock key (required; 1-200 of A-Z a-z 0-9 . _ : / -)
   --lease  explicit lease (the lock hard-expires after it); default 0 = watchdog lease
            (TTL COORDINATOR_LOCK_WATCHDOG_TIMEOUT, renewed while CMD runs)
-  --wait   max time to wait for the lock; default COORDINATOR_LOCK_WAIT_TIME
+  --wait   max time to wait for the lock (0: one try, as flock -n); default COORDINATOR_LOCK_WAIT_TIME
   --grace  time between SIGTERM and SIGKILL when CMD must stop; default 10s, or the
            most that fits: CMD is always dead before the lock can expire, so
            SIGTERM goes out grace + a kill margin before the lease's trust deadline
@@ -55,7 +55,8 @@ the environment without the coordinator's secrets (COORDINATOR_* variables
 naming a URL, DSN, PASSWORD, TOKEN, SECRET, CREDENTIAL or a *_KEY_FILE).
 Exit: CMD's own code (128+N if killed by signal N); 75 already owned; 69 lock
 backend unavailable; 76 lease lost or ending while CMD ran; 64 bad usage;
-1 CMD could not be started.`
+1 CMD could not be started; 128+N signal N while waiting for the lock (CMD
+did not run).`
 
 // defaultGrace is --grace when not given, if the lease leaves room for it.
 const defaultGrace = 10 * time.Second
@@ -251,6 +252,10 @@ func runLock(ctx context.Context, cio cliIO, args []string) int {
 	close(acquiring)
 	watch.Wait()
 	switch {
+	case err != nil && early != nil:
+		// Not "already owned": nobody else is known to have run the work.
+		fmt.Fprintf(cio.stderr, "coordinator lock: %s while waiting for the lock; the command did not run\n", early)
+		return 128 + int(early.(syscall.Signal))
 	case errors.Is(err, ownership.ErrAlreadyOwned):
 		fmt.Fprintf(cio.stderr, "coordinator lock: %v\n", err)
 		return job.ExitAlreadyOwned
@@ -268,6 +273,11 @@ func runLock(ctx context.Context, cio cliIO, args []string) int {
 		LockTTL(ctx context.Context, key string, fence int64) (time.Duration, bool, error)
 	}); ok {
 		r.probe = p.LockTTL
+	}
+	if tl, ok := locker.(interface {
+		TrustDeadline(ownership.Lease) (time.Time, bool)
+	}); ok {
+		r.trust = func() (time.Time, bool) { return tl.TrustDeadline(lease) }
 	}
 	// The lease's trust deadline: the command must be dead before it.
 	acquired := asked
@@ -298,11 +308,15 @@ type lockRun struct {
 	term     *terminal
 	// probe reads the lock's remaining TTL on Redis (nil: in-memory locker).
 	probe func(ctx context.Context, key string, fence int64) (time.Duration, bool, error)
+	// trust is the Locker's own trust deadline of the lease, which moves
+	// only with renewals that counted (nil: in-memory locker).
+	trust func() (time.Time, bool)
 
 	tree *proctree.Tree
-	// deadline is the lease's trust deadline: the whole tree must be dead
-	// before it (zero: none). A watchdog lease's moves with every expiry the
-	// probe confirms on Redis.
+	// deadline is the lease's trust deadline as the probe confirms it (zero:
+	// none). A watchdog lease's moves with every expiry the probe confirms
+	// on Redis. The whole tree must be dead before it and before the
+	// Locker's own trust deadline, whichever comes first (until).
 	deadline time.Time
 
 	phase      phase
@@ -326,7 +340,22 @@ const (
 // termAt is when terminating must start for the tree to be dead by the
 // kill margin before the deadline; killAt is when SIGKILL must go out.
 func (r *lockRun) termAt() time.Time { return r.killAt().Add(-r.grace) }
-func (r *lockRun) killAt() time.Time { return r.deadline.Add(-killMargin(r.ttl)) }
+func (r *lockRun) killAt() time.Time { return r.until().Add(-killMargin(r.ttl)) }
+
+// until is the deadline the tree must be dead by (zero: none): the earlier
+// of what the probe confirmed and the Locker's trust deadline. The probe
+// reads the master, where a renewal may have landed that does not count
+// (not acknowledged by the replicas a failover could promote); the Locker
+// moves its trust deadline only with renewals that do.
+func (r *lockRun) until() time.Time {
+	d := r.deadline
+	if r.trust != nil {
+		if t, ok := r.trust(); ok && (d.IsZero() || t.Before(d)) {
+			d = t
+		}
+	}
+	return d
+}
 
 type probeResult struct {
 	sent time.Time
@@ -336,7 +365,7 @@ type probeResult struct {
 }
 
 func (r *lockRun) run(ctx context.Context, cio cliIO, path string, argv []string) int {
-	if err := r.lease.Err(); err != nil || (!r.deadline.IsZero() && !time.Now().Before(r.termAt())) {
+	if err := r.lease.Err(); err != nil || (!r.until().IsZero() && !time.Now().Before(r.termAt())) {
 		r.log.Error("lock_lost_before_start", "lock_key", r.key, "fence", r.lease.Fence())
 		r.release(ctx)
 		return job.ExitLost
@@ -455,7 +484,7 @@ func (r *lockRun) arm() {
 	var at time.Time
 	switch r.phase {
 	case running:
-		if !r.deadline.IsZero() {
+		if !r.until().IsZero() {
 			at = r.termAt()
 		}
 	case terminating:
@@ -472,9 +501,13 @@ func (r *lockRun) arm() {
 func (r *lockRun) due() {
 	switch r.phase {
 	case running:
+		if time.Now().Before(r.termAt()) {
+			r.arm() // a renewal moved the trust deadline since the timer was set
+			return
+		}
 		r.lost = true
 		r.log.Error("lock_lease_ending_terminating_command", "lock_key", r.key, "fence", r.lease.Fence(),
-			"trust_deadline_in", time.Until(r.deadline).Round(time.Millisecond), "grace", r.grace)
+			"trust_deadline_in", time.Until(r.until()).Round(time.Millisecond), "grace", r.grace)
 		r.terminate(r.grace)
 	case terminating:
 		r.log.Error("lock_command_killed", "lock_key", r.key, "grace", r.grace)
@@ -504,7 +537,7 @@ func (r *lockRun) terminate(grace time.Duration) {
 // startGrace enters the terminating phase: SIGKILL at now+grace at the latest.
 func (r *lockRun) startGrace(grace time.Duration) {
 	by := time.Now().Add(grace)
-	if !r.deadline.IsZero() && r.killAt().Before(by) {
+	if !r.until().IsZero() && r.killAt().Before(by) {
 		by = r.killAt()
 	}
 	if r.phase != terminating || by.Before(r.killBy) {
@@ -521,7 +554,7 @@ func (r *lockRun) pastKill() bool {
 		r.lost = true
 		return true
 	}
-	if !r.deadline.IsZero() && !time.Now().Before(r.killAt()) {
+	if !r.until().IsZero() && !time.Now().Before(r.killAt()) {
 		r.lost = true
 		return true
 	}
@@ -616,7 +649,7 @@ func (r *lockRun) resume() {
 		r.kill()
 		return
 	}
-	if r.phase == running && !r.deadline.IsZero() && !time.Now().Before(r.termAt()) {
+	if r.phase == running && !r.until().IsZero() && !time.Now().Before(r.termAt()) {
 		r.due() // terminating continues the tree, within the safe window
 		return
 	}

@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -577,5 +579,136 @@ func TestLockGraceFit(t *testing.T) {
 		}
 		require.NoError(t, err, c.name)
 		require.Equal(t, c.want, got, c.name)
+	}
+}
+
+// A signal while the coordinator waits for the lock ends the wait: the
+// command never runs, and the exit status is the signal's (128+N), not
+// "already owned" (75), which would tell a caller that another holder ran
+// the work.
+func TestLockSignalWhileWaitingExitsWithTheSignal(t *testing.T) {
+	t.Parallel()
+	e := newLockCLIEnv(t)
+	held := e.holder(t, "cli/waitsig")
+	marker := filepath.Join(t.TempDir(), "ran")
+	p := startLock(t, e.vars, "--key", "cli/waitsig", "--wait", "60s", "--", "touch", marker)
+	queue := e.redis.Prefix + ":{cli/waitsig}:queue"
+	require.Eventually(t, func() bool {
+		n, err := e.redis.Client.ZCard(context.Background(), queue).Result()
+		return err == nil && n == 1
+	}, 20*time.Second, 10*time.Millisecond, "the coordinator queued for the lock")
+	p.signal(syscall.SIGTERM)
+	code, _, errs := p.wait(20 * time.Second)
+	require.Equal(t, 128+int(syscall.SIGTERM), code, errs)
+	require.NoFileExists(t, marker, "the command must not run")
+	require.NoError(t, held.Err(), "the holder's lock is untouched")
+	require.True(t, e.exists(t, "cli/waitsig"))
+}
+
+// Renewals that reach the master but no replica (Redis WAIT, replicas
+// required) do not count: the lease's trust deadline stays where the last
+// acknowledged renewal put it, though the master's TTL keeps being reset.
+// The command must still be terminated as the lease runs out, SIGTERM and
+// then SIGKILL a kill margin before the trust deadline, not be SIGKILLed
+// without warning once the lease is already lost.
+func TestLockTerminatesInTimeWhenRenewalsAreNotReplicated(t *testing.T) {
+	t.Parallel()
+	set := testenv.StartRedisSentinelSet(t)
+	vars := map[string]string{
+		"COORDINATOR_LOCK_REDIS_URL":          set.URL(),
+		"COORDINATOR_LOCK_REDIS_MODE":         "sentinel",
+		"COORDINATOR_LOCK_REDIS_WAIT_TIMEOUT": "500ms",
+		"COORDINATOR_LOCK_KEY_PREFIX":         "unrepl",
+		"COORDINATOR_REPLICA_ID":              "cli-test",
+		"COORDINATOR_LOCK_WATCHDOG_TIMEOUT":   "6s",
+		"COORDINATOR_LOG_LEVEL":               "warn",
+	}
+	dir := t.TempDir()
+	ready, sigs := filepath.Join(dir, "ready"), filepath.Join(dir, "signals")
+	noOrphans(t, ready)
+	p := startLock(t, vars, append([]string{"--key", "cli/unrepl", "--grace", "1s", "--"},
+		helperArgv(t, "tree", "-ready", ready, "-signals", sigs, "-ignore-term")...)...)
+	pids := treePids(t, ready)
+	set.Replica.Pause()
+	t.Cleanup(set.Replica.Resume)
+
+	code, _, errs := p.wait(60 * time.Second)
+	require.Equal(t, job.ExitLost, code, errs)
+	require.Equal(t, []string{"root SIGTERM"}, signalLines(sigs),
+		"SIGTERM a grace before the lease could end, not SIGKILL out of the blue once it was lost:\n%s", errs)
+	require.NotContains(t, errs, "lock_lost_killing_command", "killed only after the lease was already lost")
+	for role, pid := range pids {
+		require.False(t, alive(t, pid), "%s is dead", role)
+	}
+}
+
+// lockACLUser creates docs/security.md's minimal Redis user for the test's
+// prefix (the rule with the user name, password and prefix replaced) and
+// returns its URL; the user is removed when the test ends.
+func lockACLUser(t *testing.T, e *lockCLIEnv) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "security.md"))
+	require.NoError(t, err)
+	m := regexp.MustCompile("(?s)<!-- redis-acl:begin -->\\s*```\\s*(ACL SETUSER [^\\n]+)\\s*```\\s*<!-- redis-acl:end -->").FindSubmatch(b)
+	require.NotNil(t, m, "docs/security.md: no ACL SETUSER rule between the redis-acl markers")
+	user, password := testenv.UniqueName("acl"), testenv.UniqueName("pw")
+	rule := strings.ReplaceAll(string(m[1]), "coordinator:", e.redis.Prefix+":")
+	rule = strings.Replace(rule, "ACL SETUSER coordinator ", "ACL SETUSER "+user+" ", 1)
+	rule = strings.Replace(rule, ">PASSWORD", ">"+password, 1)
+	var args []any
+	for _, f := range strings.Fields(rule) {
+		args = append(args, f)
+	}
+	ctx := context.Background()
+	require.NoError(t, e.redis.Client.Do(ctx, args...).Err(), "%s", rule)
+	t.Cleanup(func() { e.redis.Client.Do(context.Background(), "ACL", "DELUSER", user) })
+	u, err := url.Parse(e.redis.URL)
+	require.NoError(t, err)
+	u.User = url.UserPassword(user, password)
+	return u.String()
+}
+
+// Under the minimal ACL of docs/security.md, a command holding a watchdog
+// lease whose renewals succeed runs to its end: the coordinator's check of
+// the lock's TTL on Redis must work under that ACL too, or its termination
+// clock never moves past the acquisition's own trust deadline.
+func TestLockUnderTheMinimalACLKeepsAHealthyWatchdogLease(t *testing.T) {
+	t.Parallel()
+	e := newLockCLIEnv(t)
+	vars := e.with("COORDINATOR_LOCK_REDIS_URL", lockACLUser(t, e), "COORDINATOR_LOCK_WATCHDOG_TIMEOUT", "3s")
+	// Twice the TTL: the command outlives the acquisition's trust deadline
+	// by far, on renewals alone.
+	code, _, errs := startLock(t, vars, "--key", "cli/acl", "--grace", "500ms", "--", "sleep", "6").wait(60 * time.Second)
+	require.Equal(t, 0, code, "the command was terminated though its lease was renewed:\n%s", errs)
+	require.False(t, e.exists(t, "cli/acl"), "released")
+}
+
+// --wait 0 (or COORDINATOR_LOCK_WAIT_TIME=0) is "do not wait", as flock -n:
+// one try, then exit 75; not the Lockers' default wait of 5s.
+func TestLockWaitZeroTriesOnce(t *testing.T) {
+	t.Parallel()
+	e := newLockCLIEnv(t)
+	e.holder(t, "cli/nowait")
+	coordinatorBinary(t) // built before the clock starts
+	for _, c := range []struct {
+		name string
+		vars map[string]string
+		args []string
+	}{
+		{"flag", e.vars, []string{"--wait", "0"}},
+		{"variable", e.with("COORDINATOR_LOCK_WAIT_TIME", "0"), nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			marker := filepath.Join(t.TempDir(), "ran")
+			args := append(append([]string{"--key", "cli/nowait"}, c.args...), "--", "touch", marker)
+			start := time.Now()
+			code, _, errs := startLock(t, c.vars, args...).wait(30 * time.Second)
+			took := time.Since(start)
+			require.Equal(t, job.ExitAlreadyOwned, code, errs)
+			require.NoFileExists(t, marker)
+			// The bound is the behaviour under test: a 5s wait would take
+			// longer, one try (and the process's start) far less.
+			require.Less(t, took, 4*time.Second, "waited for the lock")
+		})
 	}
 }

@@ -1,12 +1,10 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,7 +30,7 @@ func openLocker(ctx context.Context, cfg config.Config, log *slog.Logger, reg pr
 			"detail", "COORDINATOR_LOCK_ENABLED=false: in-memory locker, NO exclusion across replicas; run exactly one replica",
 			"owner", cfg.ReplicaID)
 		return ownership.NewMemoryLocker(ownership.MemoryConfig{
-			Owner: cfg.ReplicaID, WaitTime: cfg.LockWaitTime, WatchdogTimeout: cfg.LockWatchdogTimeout, Metrics: metrics,
+			Owner: cfg.ReplicaID, WaitTime: lockerWait(cfg.LockWaitTime), WatchdogTimeout: cfg.LockWatchdogTimeout, Metrics: metrics,
 		}), nil
 	}
 	opts, err := redisOptions(cfg)
@@ -41,7 +39,7 @@ func openLocker(ctx context.Context, cfg config.Config, log *slog.Logger, reg pr
 	}
 	client := redis.NewUniversalClient(opts)
 	l, err := redislock.New(client, redislock.Config{
-		Prefix: cfg.LockKeyPrefix, Owner: cfg.ReplicaID, WaitTime: cfg.LockWaitTime,
+		Prefix: cfg.LockKeyPrefix, Owner: cfg.ReplicaID, WaitTime: lockerWait(cfg.LockWaitTime),
 		WatchdogTimeout: cfg.LockWatchdogTimeout, Logger: log, Metrics: metrics,
 		WaitReplicas: cfg.LockWaitReplicas, ReplicaTimeout: cfg.LockWaitReplicasTimeout,
 	})
@@ -61,7 +59,18 @@ func openLocker(ctx context.Context, cfg config.Config, log *slog.Logger, reg pr
 		// refused then, if its eviction policy turns out unsafe).
 		log.Warn("lock_backend_unreachable", "mode", cfg.LockRedisMode, "error", err)
 	}
-	return &clientLocker{Locker: l, client: client, prefix: cmp.Or(cfg.LockKeyPrefix, "coordinator")}, nil
+	return &clientLocker{Locker: l, client: client}, nil
+}
+
+// lockerWait is the Lockers' WaitTime for COORDINATOR_LOCK_WAIT_TIME (or
+// lock's --wait). Zero there means do not wait: one try. A Locker takes a
+// zero WaitTime for its default (5s), so it gets the shortest wait instead,
+// which still makes its one try.
+func lockerWait(d time.Duration) time.Duration {
+	if d == 0 {
+		return time.Nanosecond
+	}
+	return d
 }
 
 // redisOptions are the go-redis options of the lock backend: the URL
@@ -91,7 +100,6 @@ func redisOptions(cfg config.Config) (*redis.UniversalOptions, error) {
 type clientLocker struct {
 	*redislock.Locker
 	client redis.UniversalClient
-	prefix string
 }
 
 // RedisClient is the lock backend's client, for its tracing and pool
@@ -104,28 +112,4 @@ func (c *clientLocker) Close() error {
 		err = errors.Join(err, cerr)
 	}
 	return err
-}
-
-// LockTTL reads key's lock on Redis: how long Redis will keep it, and
-// whether it is still the term with fence. `coordinator lock` times its
-// command's termination by what Redis confirms rather than by renewals it
-// hopes have landed, and kills at once when the lock is gone or taken over.
-// It reads the contract's layout: the hash <prefix>:{<key>}:lock with the
-// holder's fence in its fence field.
-func (c *clientLocker) LockTTL(ctx context.Context, key string, fence int64) (time.Duration, bool, error) {
-	name := c.prefix + ":{" + key + "}:lock"
-	var got *redis.StringCmd
-	var ttl *redis.DurationCmd
-	_, err := c.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		got = p.HGet(ctx, name, "fence")
-		ttl = p.PTTL(ctx, name)
-		return nil
-	})
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return 0, false, err
-	}
-	if got.Val() != strconv.FormatInt(fence, 10) || ttl.Val() <= 0 {
-		return 0, false, nil
-	}
-	return ttl.Val(), true, nil
 }

@@ -19,7 +19,9 @@ import (
 // asked (requested_by, principal, request_id, trigger_source); every batch
 // of the run proves that fence. A COMPLETED row is left alone: the answer is an
 // *owned.CompletedError naming the run that completed it, with the
-// period's totals.
+// period's totals. A row that records a higher lock fence (a newer holder's
+// claim) is left alone too: the answer is an *owned.LostError, reason
+// fence_lost.
 func (w *Worker) Claim(ctx context.Context, run *owned.Run, params owned.Params) (int64, error) {
 	p := params.(Period)
 	if !p.Valid() {
@@ -38,8 +40,15 @@ func (w *Worker) Claim(ctx context.Context, run *owned.Run, params owned.Params)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		st, serr := ReadStatus(ctx, w.pool, p)
-		if serr != nil || st.Status != StatusCompleted {
-			return 0, fmt.Errorf("billrun: claim found no claimable row and status read failed: %v", serr)
+		switch {
+		case serr != nil:
+			return 0, fmt.Errorf("billrun: claim %s found no claimable row, and its status could not be read: %w", p, serr)
+		case st.Status != StatusCompleted:
+			// The row records a higher lock fence: a newer holder of the
+			// lock claimed the run, so this one's lease is stale (lost
+			// without noticing, e.g. across a failover or a pause).
+			return 0, owned.Lost(ReasonFenceLost, fmt.Errorf("billrun: claim %s: lock fence %d is below the lock fence %d of %s's claim",
+				p, run.LockFence(), st.LockFence, st.Owner))
 		}
 		return 0, &owned.CompletedError{Owner: st.Owner, Fence: st.Fence, Counts: map[string]int64{
 			CountPeriodBatches:         st.Counts[CountBatchesCommitted],

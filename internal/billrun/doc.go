@@ -116,6 +116,10 @@
 //     lock is released at once.
 //   - Fence superseded (a batch's fence check found no row, or the final
 //     update did): lost, reason fence_lost; the row is left to its new owner.
+//   - A claim under a lock fence below the row's lock_fence (this replica's
+//     lock was lost without it noticing and a newer holder claimed the run):
+//     refused, lost, reason fence_lost, naming both lock fences; the row is
+//     left to the newer holder.
 //   - Process killed (kill -9): committed batches stay committed, the
 //     in-flight transaction rolls back (Postgres), the lock expires after the
 //     watchdog timeout; the resumer of another replica (or a redelivered

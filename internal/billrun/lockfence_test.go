@@ -2,12 +2,15 @@ package billrun_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/telco-platform/coordinator/internal/billrun"
+	"github.com/telco-platform/coordinator/internal/events"
+	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
 	"github.com/telco-platform/coordinator/internal/ownership"
 )
@@ -40,9 +43,11 @@ func TestClaimRefusesAnOlderLockFence(t *testing.T) {
 
 	paused := &pausingLocker{Locker: b.locker, acquired: make(chan ownership.Lease, 1), resume: make(chan struct{})}
 	staleDone := make(chan *owned.Owned, 1)
+	staleRes := make(chan job.Result, 1)
 	go func() {
-		c, _ := b.runnerWith(paused, "", billrun.Config{}).Claim(ctx, period, trig())
+		c, res := b.runnerWith(paused, "", billrun.Config{}).Claim(ctx, period, trig())
 		staleDone <- c
+		staleRes <- res
 	}()
 	stale := <-paused.acquired
 
@@ -59,6 +64,24 @@ func TestClaimRefusesAnOlderLockFence(t *testing.T) {
 	close(paused.resume) // A wakes and claims with its older lock fence
 	staleClaim := <-staleDone
 	require.Nil(t, staleClaim, "a claim under an older lock fence took the run from the newer holder")
+	// The stale holder lost the run to a newer one: that is the lost
+	// outcome (fence_lost, the trigger is redelivered and then finds the
+	// run owned or completed), not a failed run of a period that is running.
+	lost := <-staleRes
+	require.Equal(t, job.OutcomeLost, lost.Outcome, lost.Error)
+	require.Contains(t, lost.Error, billrun.ReasonFenceLost)
+	require.Contains(t, lost.Error, fmt.Sprint(stale.Fence()), "the error names the refused lock fence")
+	require.Contains(t, lost.Error, fmt.Sprint(claimed.LockFence), "and the one the row recorded")
+	require.NotContains(t, lost.Error, "<nil>")
+	var sawLost bool
+	for _, e := range b.rec.Events() {
+		require.NotEqual(t, events.RunFailed, e.Type, "run.failed for a period another replica runs")
+		if e.Type == events.OwnershipLost && e.Replica == "replica-a" {
+			sawLost = true
+			require.Equal(t, billrun.ReasonFenceLost, e.Extra["reason"])
+		}
+	}
+	require.True(t, sawLost, "ownership.lost, reason fence_lost")
 	st, err := b.runner(billrun.Config{}).Status(ctx, period)
 	require.NoError(t, err)
 	require.Equal(t, "replica-b", st.Owner)

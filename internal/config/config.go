@@ -80,6 +80,10 @@ type Config struct {
 	// KafkaSASLMechanism is PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; empty
 	// means no SASL. Default empty.
 	KafkaSASLMechanism string
+	// KafkaMaxDecompressedBatchBytes bounds what one fetched trigger batch
+	// may decompress to; a batch over it is skipped to the DLQ (reason
+	// batch_too_large). Default 8 MiB, 1 MiB to 256 MiB.
+	KafkaMaxDecompressedBatchBytes int
 	// KafkaSASLUsername and KafkaSASLPassword are the SASL credentials
 	// (the password also from COORDINATOR_KAFKA_SASL_PASSWORD_FILE).
 	KafkaSASLUsername, KafkaSASLPassword string
@@ -113,6 +117,16 @@ type Config struct {
 	// ReaperMinHold keeps the sweep lock at least this long (ShedLock's
 	// lockAtLeastFor). Default: half the schedule interval for @every specs, else 0.
 	ReaperMinHold time.Duration
+
+	// CronCatchUpWindow: on start, each schedule's most recent tick that
+	// fell within this window before the start is run once (a tick missed
+	// while the replica was down); the lock and the kind's claim answer if
+	// another replica already ran it. Default 6h; 0 disables.
+	CronCatchUpWindow time.Duration
+	// CronJitter delays each cron tick (and catch-up) by a random duration
+	// in [0, CronJitter), so replicas do not all hit Redis at once. Default
+	// 0 (off), at most 10m.
+	CronJitter time.Duration
 
 	// BillrunSchedule bills the previous month when it fires. Default empty (off).
 	BillrunSchedule string
@@ -288,6 +302,11 @@ func settings() []setting {
 			apply: func(c *Config, v string) error { c.KafkaTLSCertFile = v; return nil }},
 		{env: "COORDINATOR_KAFKA_TLS_KEY_FILE", flag: "kafka-tls-key-file", usage: "PEM private key of the Kafka client certificate", def: lit(""),
 			apply: func(c *Config, v string) error { c.KafkaTLSKeyFile = v; return nil }},
+		{env: "COORDINATOR_KAFKA_MAX_DECOMPRESSED_BATCH_BYTES", flag: "kafka-max-decompressed-batch-bytes", usage: "bound on what one fetched trigger batch may decompress to; a batch over it is skipped to the DLQ (batch_too_large)", def: lit("8388608"),
+			apply: func(c *Config, v string) (err error) {
+				c.KafkaMaxDecompressedBatchBytes, err = intBetween(v, 1<<20, 256<<20)
+				return err
+			}},
 		{env: "COORDINATOR_KAFKA_SASL_MECHANISM", flag: "kafka-sasl-mechanism", usage: "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (empty: no SASL)", def: lit(""),
 			apply: func(c *Config, v string) error {
 				c.KafkaSASLMechanism = strings.ToUpper(v)
@@ -343,6 +362,22 @@ func settings() []setting {
 					return nil
 				}
 				c.ReaperMinHold, err = duration(v, 0)
+				return err
+			}},
+		{env: "COORDINATOR_CRON_CATCHUP_WINDOW", flag: "cron-catchup-window", usage: "on start, run each schedule's latest tick missed within this window (0 disables)", def: lit("6h"),
+			apply: func(c *Config, v string) (err error) {
+				c.CronCatchUpWindow, err = duration(v, 0)
+				if err == nil && c.CronCatchUpWindow > 31*24*time.Hour {
+					err = errors.New("must be at most 744h (31 days)")
+				}
+				return err
+			}},
+		{env: "COORDINATOR_CRON_JITTER", flag: "cron-jitter", usage: "random delay in [0, jitter) before each cron tick (0 disables)", def: lit("0s"),
+			apply: func(c *Config, v string) (err error) {
+				c.CronJitter, err = duration(v, 0)
+				if err == nil && c.CronJitter > 10*time.Minute {
+					err = errors.New("must be at most 10m")
+				}
 				return err
 			}},
 		{env: "COORDINATOR_BILLRUN_SCHEDULE", flag: "billrun-schedule", usage: "cron spec that bills the previous month; empty disables", def: lit(""),
@@ -442,8 +477,9 @@ var flagTypes = map[string]string{
 	"kafka-sasl-mechanism": "mechanism", "lock-redis-tls-ca-file": "path", "lock-redis-tls-cert-file": "path",
 	"lock-redis-tls-key-file": "path", "lock-redis-password-file": "path", "admin-token": "token",
 	"admin-tokens-file": "path", "max-runs-in-flight": "int", "health-check-interval": "duration",
-	"kafka-sasl-password": "password", "kafka-session-timeout": "duration", "resume-interval": "duration",
-	"resume-max-attempts": "int",
+	"kafka-sasl-password": "password", "kafka-max-decompressed-batch-bytes": "bytes",
+	"cron-catchup-window": "duration", "cron-jitter": "duration", "kafka-session-timeout": "duration",
+	"resume-interval": "duration", "resume-max-attempts": "int",
 }
 
 // flagValue keeps a flag's raw text: Config parses it with the variable's
@@ -722,6 +758,17 @@ func positiveInt(v string, max int) (int, error) {
 	}
 	if n < 1 || n > max {
 		return 0, fmt.Errorf("must be between 1 and %d", max)
+	}
+	return n, nil
+}
+
+func intBetween(v string, lo, hi int) (int, error) {
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return 0, errors.New("not an integer (bytes)")
+	}
+	if n < lo || n > hi {
+		return 0, fmt.Errorf("must be between %d and %d", lo, hi)
 	}
 	return n, nil
 }

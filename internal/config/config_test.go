@@ -37,6 +37,9 @@ func TestDefaults(t *testing.T) {
 	require.Equal(t, "coordinator", c.KafkaGroup)
 	require.Equal(t, 0, c.LockWaitReplicas, "auto")
 	require.Equal(t, 200*time.Millisecond, c.LockWaitReplicasTimeout)
+	require.Equal(t, 8<<20, c.KafkaMaxDecompressedBatchBytes)
+	require.Equal(t, 6*time.Hour, c.CronCatchUpWindow)
+	require.Zero(t, c.CronJitter)
 }
 
 func TestWaitReplicas(t *testing.T) {
@@ -84,6 +87,11 @@ func TestInvalidValuesNameTheVariable(t *testing.T) {
 		{"COORDINATOR_DATABASE_URL", "mysql://x"},
 		{"COORDINATOR_BILLRUN_WORKERS", "0"},
 		{"COORDINATOR_KAFKA_TOPIC_PREFIX", "bad prefix"},
+		{"COORDINATOR_KAFKA_MAX_DECOMPRESSED_BATCH_BYTES", "1024"},
+		{"COORDINATOR_KAFKA_MAX_DECOMPRESSED_BATCH_BYTES", "8MiB"},
+		{"COORDINATOR_CRON_CATCHUP_WINDOW", "-1h"},
+		{"COORDINATOR_CRON_CATCHUP_WINDOW", "800h"},
+		{"COORDINATOR_CRON_JITTER", "1h"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.variable, func(t *testing.T) {

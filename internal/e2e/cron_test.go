@@ -23,9 +23,12 @@ func TestCronReaperOneSweepPerTick(t *testing.T) {
 
 	// Every 3 s on the wall clock; the lock lives 2 s (lease and minimum
 	// hold), so it is gone before the next tick and held across this one.
+	// No catch-up: a replica starting between two ticks would sweep at once,
+	// off the wall-clock grid this test counts ticks on.
 	rs := d.startReplicas(3, map[string]string{
-		"COORDINATOR_REAPER_LEASE":    "2s",
-		"COORDINATOR_REAPER_MIN_HOLD": "2s",
+		"COORDINATOR_REAPER_LEASE":        "2s",
+		"COORDINATOR_REAPER_MIN_HOLD":     "2s",
+		"COORDINATOR_CRON_CATCHUP_WINDOW": "0",
 	}, "--reaper-schedule=*/3 * * * * *")
 	allUp := time.Now()
 	key := msisdnreaper.SweepKey

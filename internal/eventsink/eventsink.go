@@ -3,20 +3,25 @@
 // producer.
 //
 // Emit never blocks the work. Events go into a bounded buffer that a
-// background pump hands to the Kafka client, at most MaxInFlight at a time.
+// background pump hands to the Kafka client, at most MaxInFlight at a time
+// and at most one per key (lock key): the next event of a key leaves only
+// once Kafka acknowledged the one before, so events of one key are
+// published in the order they were emitted, retries included. Events of
+// other keys pass a key that waits.
 // If Kafka is unreachable the events wait; once the buffer is full the
 // oldest waiting event is dropped, counted in coordinator_events_dropped_total
-// and logged. (The up to MaxInFlight events already handed to the client
-// are not dropped: the idempotent producer delivers them once Kafka is back.
-// So during a long outage the first MaxInFlight events and the newest
-// BufferSize-MaxInFlight survive.) coordinator_events_buffered shows what waits (buffer plus
+// and logged. (The events already handed to the client, at most MaxInFlight
+// and one per key, are not dropped: the idempotent producer delivers them
+// once Kafka is back. So during a long outage those and the newest
+// waiting ones survive.) coordinator_events_buffered shows what waits (buffer plus
 // in flight), which never exceeds BufferSize.
 //
 // What happens on failure: a record the client gives up on (only records to
 // a topic the broker keeps saying does not exist, since the idempotent
 // producer retries everything else without limit) goes back to the head of
-// the buffer and is tried again. Stop flushes within StopTimeout and then
-// counts whatever is still waiting as dropped.
+// the buffer and is tried again; the later events of its key are still
+// waiting behind it, so none overtakes it. Stop flushes within StopTimeout
+// and then counts whatever is still waiting as dropped.
 package eventsink
 
 import (
@@ -150,18 +155,24 @@ type Kafka struct {
 	cfg Config
 	cl  *kgo.Client
 	log *slog.Logger
+	// produce is cl.Produce; tests wrap it to inject faults.
+	produce func(context.Context, *kgo.Record, func(*kgo.Record, error))
 
-	mu        sync.Mutex
-	ring      []*kgo.Record // waiting records; head at ring[head], n of them
-	head, n   int
-	inflight  int
-	stopped   bool
-	closed    bool // client closed; counts are final
-	started   bool
-	changed   chan struct{} // closed and replaced whenever n or inflight changes
-	dropped   int64
-	lastWarn  time.Time
-	published int64
+	mu       sync.Mutex
+	ring     []*kgo.Record // waiting records; head at ring[head], n of them
+	head, n  int
+	inflight int
+	// keysInFlight are the keys with a record in the client's hands: at
+	// most one per key, so a record that fails and is retried is never
+	// overtaken by a later one of its key.
+	keysInFlight map[string]bool
+	stopped      bool
+	closed       bool // client closed; counts are final
+	started      bool
+	changed      chan struct{} // closed and replaced whenever n or inflight changes
+	dropped      int64
+	lastWarn     time.Time
+	published    int64
 
 	wake     chan struct{}
 	quit     chan struct{}
@@ -186,12 +197,13 @@ func New(cfg Config) (*Kafka, error) {
 		return nil, fmt.Errorf("eventsink: kafka client: %w", err)
 	}
 	return &Kafka{
-		cfg: cfg, cl: cl, log: cfg.Log,
-		ring:    make([]*kgo.Record, cfg.BufferSize),
-		changed: make(chan struct{}),
-		wake:    make(chan struct{}, 1),
-		quit:    make(chan struct{}),
-		done:    make(chan struct{}),
+		cfg: cfg, cl: cl, log: cfg.Log, produce: cl.Produce,
+		ring:         make([]*kgo.Record, cfg.BufferSize),
+		keysInFlight: map[string]bool{},
+		changed:      make(chan struct{}),
+		wake:         make(chan struct{}, 1),
+		quit:         make(chan struct{}),
+		done:         make(chan struct{}),
 	}, nil
 }
 
@@ -324,21 +336,25 @@ func (k *Kafka) Stop() {
 	})
 }
 
-// pump hands waiting records to the client, MaxInFlight at a time.
+// pump hands waiting records to the client, MaxInFlight at a time and at
+// most one per key (see takeLocked).
 func (k *Kafka) pump() {
 	defer close(k.done)
 	for {
 		k.mu.Lock()
-		for k.n > 0 && k.inflight < k.cfg.MaxInFlight && !k.stopped {
-			k.inflight++ // before pop, so the gauge never shows it missing
-			rec := k.popLocked()
-			k.mu.Unlock()
-			// The client never holds more than MaxInFlight records and its
-			// buffer is one larger, so Produce does not block here.
-			k.cl.Produce(context.Background(), rec, k.promise)
-			k.mu.Lock()
+		var recs []*kgo.Record
+		if !k.stopped {
+			recs = k.takeLocked()
 		}
 		k.mu.Unlock()
+		// The client never holds more than MaxInFlight records and its
+		// buffer is one larger, so Produce does not block here.
+		for _, rec := range recs {
+			k.produce(context.Background(), rec, k.promise)
+		}
+		if len(recs) > 0 {
+			continue // more may be ready
+		}
 		select {
 		case <-k.wake:
 		case <-k.quit:
@@ -347,10 +363,54 @@ func (k *Kafka) pump() {
 	}
 }
 
+// scanLimit bounds how many waiting records one pass of the pump looks at
+// to find ones whose key has no record in flight.
+const scanLimit = 1024
+
+// takeLocked takes the waiting records the client may have now: in buffer
+// order, up to MaxInFlight in flight, skipping every record whose key has a
+// record in flight or an earlier record skipped in this pass (so records of
+// one key leave in order, one at a time, and a key whose record waits on a
+// retry holds up only itself). Skipped records stay where they were.
+func (k *Kafka) takeLocked() []*kgo.Record {
+	var (
+		out, kept []*kgo.Record
+		blocked   map[string]bool
+	)
+	for scanned := 0; k.n > 0 && k.inflight+len(out) < k.cfg.MaxInFlight && scanned < scanLimit; scanned++ {
+		r := k.ring[k.head]
+		k.ring[k.head] = nil
+		k.head = (k.head + 1) % len(k.ring)
+		k.n--
+		key := string(r.Key)
+		if k.keysInFlight[key] || blocked[key] {
+			if blocked == nil {
+				blocked = map[string]bool{}
+			}
+			blocked[key] = true
+			kept = append(kept, r)
+			continue
+		}
+		k.keysInFlight[key] = true
+		out = append(out, r)
+	}
+	for i := len(kept) - 1; i >= 0; i-- {
+		k.head = (k.head - 1 + len(k.ring)) % len(k.ring)
+		k.ring[k.head] = kept[i]
+		k.n++
+	}
+	if len(out) > 0 {
+		k.inflight += len(out)
+		k.signalLocked()
+	}
+	return out
+}
+
 func (k *Kafka) promise(rec *kgo.Record, err error) {
 	k.mu.Lock()
 	if !k.closed {
 		k.inflight--
+		delete(k.keysInFlight, string(rec.Key))
 	}
 	switch {
 	case err == nil:
@@ -365,7 +425,9 @@ func (k *Kafka) promise(rec *kgo.Record, err error) {
 		if k.warnDue() {
 			k.log.Warn("event_publish_failed", "topic", rec.Topic, "lock_key", string(rec.Key), "err", err)
 		}
-		// Back to the head of the buffer, so order is kept as far as possible.
+		// Back to the head of the buffer: the records of its key that
+		// follow it are all still waiting (one per key in flight), so it
+		// goes out before them.
 		retry := &kgo.Record{Topic: rec.Topic, Key: rec.Key, Value: rec.Value, Headers: rec.Headers, Context: rec.Context}
 		if k.n+k.inflight >= k.cfg.BufferSize {
 			k.dropLocked(1, "buffer full", eventType(rec))

@@ -3,6 +3,7 @@ package eventsink_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -147,9 +148,9 @@ func TestKafkaDownBuffersBoundedDropsOldestThenDelivers(t *testing.T) {
 		require.NoError(t, json.Unmarshal(r.Value, &ce))
 		got[ce.Data["request_id"].(string)] = true
 	}
-	// The newest survived; the oldest waiting ones were dropped (the ones
-	// already in the client's hands, at most MaxInFlight = 8/4, stay).
-	for i := n - 6; i < n; i++ {
+	// The newest seven survived; the oldest waiting ones were dropped (the
+	// one already in the client's hands stays: one key, so one in flight).
+	for i := n - 7; i < n; i++ {
 		require.True(t, got[fmt.Sprintf("req-%02d", i)], "req-%02d delivered", i)
 	}
 	require.Len(t, got, 8)
@@ -216,4 +217,76 @@ func proxy(t *testing.T, listen, target string) (stop func()) {
 		mu.Unlock()
 		wg.Wait()
 	}
+}
+
+// A record the client gives up on is retried; later records of the same key
+// must not overtake it (docs/events.md promises per-key order). The fault:
+// the first try of r0 is held, and failed only once the sink has handed a
+// record of another key to the client, that is, once it went past key K.
+func TestFailedRecordIsNotOvertakenByLaterRecordsOfItsKey(t *testing.T) {
+	t.Parallel()
+	brokers, topic := eventsTopic(t)
+	sink, err := eventsink.New(eventsink.Config{Brokers: brokers, Topic: topic})
+	require.NoError(t, err)
+	injected := errors.New("injected: the client gave up on the record")
+	var (
+		mu     sync.Mutex
+		held   *kgo.Record
+		hold   func(*kgo.Record, error)
+		failed = make(chan struct{})
+		once   sync.Once
+	)
+	requestID := func(r *kgo.Record) string { // called on the sink's goroutine: no require here
+		var ce events.CloudEvent
+		if json.Unmarshal(r.Value, &ce) != nil {
+			return ""
+		}
+		id, _ := ce.Data["request_id"].(string)
+		return id
+	}
+	eventsink.WrapProduce(sink, func(next eventsink.ProduceFunc) eventsink.ProduceFunc {
+		return func(ctx context.Context, r *kgo.Record, promise func(*kgo.Record, error)) {
+			id := requestID(r)
+			mu.Lock()
+			if id == "k-0" && held == nil {
+				held, hold = r, promise // the first try of k-0 never reaches Kafka
+				mu.Unlock()
+				return
+			}
+			mu.Unlock()
+			next(ctx, r, promise)
+			if string(r.Key) == "other" {
+				once.Do(func() {
+					mu.Lock()
+					r0, p := held, hold
+					mu.Unlock()
+					go func() { p(r0, injected); close(failed) }()
+				})
+			}
+		}
+	})
+	require.NoError(t, sink.Start(context.Background()))
+	defer sink.Stop()
+
+	const n = 5
+	for i := range n {
+		sink.Emit(context.Background(), events.Event{Type: events.RunCompleted, Key: "K", RequestID: fmt.Sprintf("k-%d", i)})
+	}
+	sink.Emit(context.Background(), events.Event{Type: events.RunCompleted, Key: "other", RequestID: "other-0"})
+	select {
+	case <-failed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the sink never handed the other key's record to the client")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, sink.Flush(ctx))
+
+	var got []string
+	for _, r := range testenv.ReadRecords(t, brokers, topic, n+1) {
+		if string(r.Key) == "K" {
+			got = append(got, requestID(r))
+		}
+	}
+	require.Equal(t, []string{"k-0", "k-1", "k-2", "k-3", "k-4"}, got, "per-key order kept across the retry")
 }

@@ -71,8 +71,8 @@ func TestCronOnThreeReplicasSweepsOncePerTick(t *testing.T) {
 		t.Cleanup(func() { _ = l.Close(); _ = client.Close() })
 		s := msisdnreaper.NewTestSweeper(pg.Pool, l, rec,
 			msisdnreaper.Config{Lease: 500 * time.Millisecond, MinHold: minHold})
-		c, err := trigger.NewCron(id, nil, trigger.CronJob{Name: msisdnreaper.JobName, Spec: "@every 1s",
-			Run: func(ctx context.Context, t job.Trigger) {
+		c, err := trigger.NewCron(trigger.CronConfig{Replica: id}, trigger.CronJob{Name: msisdnreaper.JobName, Spec: "@every 1s",
+			Run: func(ctx context.Context, t job.Trigger, _ time.Time) {
 				called := time.Now()
 				if s.Sweep(ctx, t).Outcome == job.OutcomeCompleted {
 					rec.sweepStarted(called)

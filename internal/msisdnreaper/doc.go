@@ -20,7 +20,16 @@
 // Each transition is one statement whose WHERE clause is its precondition,
 // so a refused transition changes nothing and returns a *TransitionError
 // (ErrIllegalTransition; ErrReservationExpired when Allocate comes too
-// late), ErrNotFound or ErrPoolExhausted. Allocate and the sweep have
+// late; ErrNotReservationHolder for another reservation's token),
+// ErrNotFound or ErrPoolExhausted.
+//
+// Reserve gives each reservation a random token (column reservation_token,
+// migration 00011) and Allocate and Release match it: a caller whose hold
+// passed, was swept, and whose number another caller then reserved gets
+// ErrNotReservationHolder from its late Allocate or Release, and the other
+// caller keeps the number. reserved_by alone could not tell them apart (the
+// same caller name may reserve twice). The sweep and Release clear the
+// token; it stays on an ALLOCATED row so a retried Allocate succeeds. Allocate and the sweep have
 // complementary preconditions on the same row lock: whichever locks the row
 // first wins and the other re-checks the winner's row version, so a
 // reservation allocated while a sweep runs is never freed, and a freed one is

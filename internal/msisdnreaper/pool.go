@@ -2,6 +2,8 @@ package msisdnreaper
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -40,22 +42,33 @@ var (
 	// hold has passed (by the database clock): Allocate refuses it, because
 	// the reaper may free it at any moment.
 	ErrReservationExpired = errors.New("msisdnreaper: reservation expired")
+	// ErrNotReservationHolder matches a *TransitionError whose token is not
+	// the row's: the caller's reservation ended (released, or expired and
+	// swept) and the number was reserved again, or was never the caller's.
+	ErrNotReservationHolder = errors.New("msisdnreaper: reservation token does not match")
 )
 
 // TransitionError says which transition was refused and why. Nothing was
-// changed. It matches ErrIllegalTransition, and ErrReservationExpired when
-// Expired is set.
+// changed. It matches ErrIllegalTransition, ErrReservationExpired when
+// Expired is set and ErrNotReservationHolder when NotHolder is set.
 type TransitionError struct {
 	MSISDN string
 	// From is the row's state when the transition was refused.
 	From State
 	// To is the state the caller asked for.
 	To State
-	// Expired: From is RESERVED but the hold had passed.
+	// Expired: From is RESERVED, the token matched, but the hold had passed.
 	Expired bool
+	// NotHolder: the row is RESERVED or ALLOCATED under another reservation
+	// token than the caller's.
+	NotHolder bool
 }
 
 func (e *TransitionError) Error() string {
+	if e.NotHolder {
+		return fmt.Sprintf("msisdnreaper: %s: reservation token does not match (the number is %s under another reservation: the caller's was released or expired), cannot move %s -> %s",
+			e.MSISDN, e.From, e.From, e.To)
+	}
 	if e.Expired {
 		return fmt.Sprintf("msisdnreaper: %s: reservation expired, cannot move %s -> %s", e.MSISDN, e.From, e.To)
 	}
@@ -63,15 +76,17 @@ func (e *TransitionError) Error() string {
 }
 
 func (e *TransitionError) Is(target error) bool {
-	return target == ErrIllegalTransition || (target == ErrReservationExpired && e.Expired)
+	return target == ErrIllegalTransition || (target == ErrReservationExpired && e.Expired) ||
+		(target == ErrNotReservationHolder && e.NotHolder)
 }
 
 // Reservation is a number held for a caller until ReservedUntil (database
-// clock).
+// clock). Token identifies this reservation: Allocate and Release need it.
 type Reservation struct {
 	MSISDN        string    `json:"msisdn"`
 	ReservedBy    string    `json:"reserved_by"`
 	ReservedUntil time.Time `json:"reserved_until"`
+	Token         string    `json:"token"`
 }
 
 // Pool runs the pool's state transitions. Each operation is one statement
@@ -97,6 +112,7 @@ update msisdn_pool
    set state = 'RESERVED',
        reserved_until = now() + $2::bigint * interval '1 microsecond',
        reserved_by = $1,
+       reservation_token = $3,
        subscriber_id = null,
        updated_at = now()
  where msisdn = (select msisdn from msisdn_pool
@@ -108,7 +124,9 @@ update msisdn_pool
 returning msisdn, reserved_until`
 
 // Reserve takes the lowest FREE number (skipping rows other Reserves hold
-// locked) and holds it for reservedBy until now()+hold on the database clock.
+// locked) and holds it for reservedBy until now()+hold on the database clock,
+// under a fresh random token (Reservation.Token) that Allocate and Release
+// match.
 // It returns ErrPoolExhausted when no free number could be taken and an
 // error wrapping job.ErrBadInput for an empty reservedBy or a hold outside
 // (0, MaxHold].
@@ -119,8 +137,8 @@ func (p *Pool) Reserve(ctx context.Context, reservedBy string, hold time.Duratio
 	if hold <= 0 || hold > MaxHold {
 		return Reservation{}, job.BadInput("msisdnreaper: reserve: hold %s outside (0, %s]", hold, MaxHold)
 	}
-	r := Reservation{ReservedBy: reservedBy}
-	err := p.db.QueryRow(ctx, sqlReserve, reservedBy, hold.Microseconds()).Scan(&r.MSISDN, &r.ReservedUntil)
+	r := Reservation{ReservedBy: reservedBy, Token: newToken()}
+	err := p.db.QueryRow(ctx, sqlReserve, reservedBy, hold.Microseconds(), r.Token).Scan(&r.MSISDN, &r.ReservedUntil)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Reservation{}, ErrPoolExhausted
 	}
@@ -130,9 +148,18 @@ func (p *Pool) Reserve(ctx context.Context, reservedBy string, hold time.Duratio
 	return r, nil
 }
 
-// sqlAllocate moves RESERVED -> ALLOCATED only while the hold is valid. The
-// sweep's precondition is the complement (reserved_until < now()), and both
-// lock the row, so an allocation and a sweep can never both win.
+// newToken returns a reservation token: 128 random bits in hex.
+func newToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
+}
+
+// sqlAllocate moves RESERVED -> ALLOCATED only for the reservation's own
+// token and while the hold is valid. The sweep's precondition is the
+// complement (reserved_until < now()), and both lock the row, so an
+// allocation and a sweep can never both win; the token keeps a caller whose
+// reservation was swept from allocating the next caller's.
 const sqlAllocate = `
 update msisdn_pool
    set state = 'ALLOCATED',
@@ -141,31 +168,41 @@ update msisdn_pool
        updated_at = now()
  where msisdn = $1
    and state = 'RESERVED'
+   and reservation_token = $3
    and reserved_until >= now()`
 
-// Allocate moves a valid reservation to ALLOCATED for subscriberID. Allocating
-// a number already allocated to the same subscriber succeeds (a retried
-// call); any other state gives a *TransitionError (ErrReservationExpired when
-// the hold has passed), an unknown number ErrNotFound.
-func (p *Pool) Allocate(ctx context.Context, msisdn string, subscriberID int64) error {
+// Allocate moves the reservation token holds to ALLOCATED for subscriberID,
+// while its hold is valid. Allocating a number already allocated under the
+// same token to the same subscriber succeeds (a retried call). A number
+// reserved or allocated under another token gives a *TransitionError
+// matching ErrNotReservationHolder (the caller's reservation ended and the
+// number was reserved again); a passed hold ErrReservationExpired; any other
+// state a *TransitionError; an unknown number ErrNotFound; an empty token an
+// error wrapping job.ErrBadInput.
+func (p *Pool) Allocate(ctx context.Context, msisdn, token string, subscriberID int64) error {
 	if err := ValidateMSISDN(msisdn); err != nil {
 		return err
 	}
-	tag, err := p.db.Exec(ctx, sqlAllocate, msisdn, subscriberID)
+	if token == "" {
+		return job.BadInput("msisdnreaper: allocate %s: reservation token is empty", msisdn)
+	}
+	tag, err := p.db.Exec(ctx, sqlAllocate, msisdn, subscriberID, token)
 	if err != nil {
 		return fmt.Errorf("msisdnreaper: allocate %s: %w", msisdn, err)
 	}
 	if tag.RowsAffected() == 1 {
 		return nil
 	}
-	cur, err := p.current(ctx, msisdn)
+	cur, err := p.current(ctx, msisdn, token)
 	if err != nil {
 		return err
 	}
-	if cur.state == StateAllocated && cur.subscriberID != nil && *cur.subscriberID == subscriberID {
+	if cur.state == StateAllocated && cur.holder && cur.subscriberID != nil && *cur.subscriberID == subscriberID {
 		return nil
 	}
-	return &TransitionError{MSISDN: msisdn, From: cur.state, To: StateAllocated, Expired: cur.state == StateReserved && !cur.valid}
+	notHolder := cur.state != StateFree && !cur.holder
+	return &TransitionError{MSISDN: msisdn, From: cur.state, To: StateAllocated, NotHolder: notHolder,
+		Expired: cur.state == StateReserved && !notHolder && !cur.valid}
 }
 
 const sqlRelease = `
@@ -173,28 +210,35 @@ update msisdn_pool
    set state = 'FREE',
        reserved_until = null,
        reserved_by = null,
+       reservation_token = null,
        updated_at = now()
  where msisdn = $1
-   and state = 'RESERVED'`
+   and state = 'RESERVED'
+   and reservation_token = $2`
 
-// Release frees a reservation on purpose (expired or not). A number that is
-// not RESERVED gives a *TransitionError, an unknown one ErrNotFound.
-func (p *Pool) Release(ctx context.Context, msisdn string) error {
+// Release frees the reservation token holds, on purpose (expired or not). A
+// number reserved under another token gives a *TransitionError matching
+// ErrNotReservationHolder, one that is not RESERVED a *TransitionError, an
+// unknown one ErrNotFound, an empty token an error wrapping job.ErrBadInput.
+func (p *Pool) Release(ctx context.Context, msisdn, token string) error {
 	if err := ValidateMSISDN(msisdn); err != nil {
 		return err
 	}
-	tag, err := p.db.Exec(ctx, sqlRelease, msisdn)
+	if token == "" {
+		return job.BadInput("msisdnreaper: release %s: reservation token is empty", msisdn)
+	}
+	tag, err := p.db.Exec(ctx, sqlRelease, msisdn, token)
 	if err != nil {
 		return fmt.Errorf("msisdnreaper: release %s: %w", msisdn, err)
 	}
 	if tag.RowsAffected() == 1 {
 		return nil
 	}
-	cur, err := p.current(ctx, msisdn)
+	cur, err := p.current(ctx, msisdn, token)
 	if err != nil {
 		return err
 	}
-	return &TransitionError{MSISDN: msisdn, From: cur.state, To: StateFree}
+	return &TransitionError{MSISDN: msisdn, From: cur.state, To: StateFree, NotHolder: cur.state == StateReserved && !cur.holder}
 }
 
 // Number is one row as Get reports it.
@@ -224,16 +268,20 @@ func (p *Pool) Get(ctx context.Context, msisdn string) (Number, error) {
 type current struct {
 	state        State
 	valid        bool
+	holder       bool // the row's reservation token is the caller's
 	subscriberID *int64
 }
 
+const sqlCurrent = `
+select state, coalesce(reserved_until >= now(), false), coalesce(reservation_token = $2, false), subscriber_id
+  from msisdn_pool where msisdn = $1`
+
 // current explains a refused transition. It reads without a lock: the answer
 // describes the row as it was just after the refusal.
-func (p *Pool) current(ctx context.Context, msisdn string) (current, error) {
+func (p *Pool) current(ctx context.Context, msisdn, token string) (current, error) {
 	var c current
-	err := p.db.QueryRow(ctx,
-		`select state, coalesce(reserved_until >= now(), false), subscriber_id from msisdn_pool where msisdn = $1`, msisdn).
-		Scan(&c.state, &c.valid, &c.subscriberID)
+	err := p.db.QueryRow(ctx, sqlCurrent, msisdn, token).
+		Scan(&c.state, &c.valid, &c.holder, &c.subscriberID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return current{}, fmt.Errorf("%w: %s", ErrNotFound, msisdn)
 	}

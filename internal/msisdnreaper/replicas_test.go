@@ -150,8 +150,8 @@ func TestAllocationRacingASweepIsNeverFreed(t *testing.T) {
 		require.NoError(t, err)
 		// Holds that run out one after another over the next 80 ms (database
 		// clock), so that allocations and sweeps meet at the boundary.
-		_, err = pg.Pool.Exec(ctx, `insert into msisdn_pool (msisdn, state, reserved_until, reserved_by)
-			select (447700000000 + i)::text, 'RESERVED', clock_timestamp() + (i % 80) * interval '1 millisecond', 'shop'
+		_, err = pg.Pool.Exec(ctx, `insert into msisdn_pool (msisdn, state, reserved_until, reserved_by, reservation_token)
+			select (447700000000 + i)::text, 'RESERVED', clock_timestamp() + (i % 80) * interval '1 millisecond', 'shop', 'tok-' || i
 			from generate_series(0, $1 - 1) i`, rows)
 		require.NoError(t, err)
 
@@ -169,7 +169,7 @@ func TestAllocationRacingASweepIsNeverFreed(t *testing.T) {
 				for k := w; k < rows; k += 2 {
 					msisdn := fmt.Sprint(447700000000 + order[k])
 					sub := int64(it*rows + order[k])
-					err := p.Allocate(ctx, msisdn, sub)
+					err := p.Allocate(ctx, msisdn, fmt.Sprint("tok-", order[k]), sub)
 					switch {
 					case err == nil:
 						mu.Lock()

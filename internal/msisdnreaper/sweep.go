@@ -242,7 +242,7 @@ func (s *Sweeper) Observe(res job.Result) { s.cfg.Metrics.sweep(string(res.Outco
 const sqlSweepBatch = `
 with freed as (
     update msisdn_pool
-       set state = 'FREE', reserved_until = null, reserved_by = null, updated_at = now()
+       set state = 'FREE', reserved_until = null, reserved_by = null, reservation_token = null, updated_at = now()
      where msisdn = any(array(select msisdn from msisdn_pool
                                where state = 'RESERVED' and reserved_until < now() and msisdn > $2
                                order by msisdn
@@ -257,7 +257,7 @@ select count(*), coalesce(max(msisdn), '') from freed`
 const sqlSweepBatchUnordered = `
 with freed as (
     update msisdn_pool
-       set state = 'FREE', reserved_until = null, reserved_by = null, updated_at = now()
+       set state = 'FREE', reserved_until = null, reserved_by = null, reservation_token = null, updated_at = now()
      where msisdn = any(array(select msisdn from msisdn_pool
                                where state = 'RESERVED' and reserved_until < now() and $2::text is not null
                                limit $1
@@ -271,7 +271,7 @@ select count(*), '' from freed`
 const sqlSweepBatchOrdered = `
 with freed as (
     update msisdn_pool
-       set state = 'FREE', reserved_until = null, reserved_by = null, updated_at = now()
+       set state = 'FREE', reserved_until = null, reserved_by = null, reservation_token = null, updated_at = now()
      where msisdn = any(array(select msisdn from msisdn_pool
                                where state = 'RESERVED' and reserved_until < now() and $2::text is not null
                                order by reserved_until

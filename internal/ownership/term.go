@@ -163,6 +163,12 @@ func (h *hold) Release(ctx context.Context) error {
 	last := h.t.holds.Add(-1) == 0
 	err := h.t.release(ctx, h.t)
 	switch {
+	case errors.Is(err, ErrNotHeld) && !last && h.t.holds.Load() == 0:
+		// Another goroutine released the term's last hold meanwhile, and
+		// its delete reached the backend before this hold's count update:
+		// this hold is given up all the same. The last release says what
+		// became of the lock.
+		return nil
 	case errors.Is(err, ErrNotHeld):
 		h.t.End(ErrLeaseLost)
 		return fmt.Errorf("ownership: release %q: %w", h.t.key, err)

@@ -111,11 +111,13 @@ func TestEscapedDescendantIsReparentedAndSignalled(t *testing.T) {
 	require.Equal(t, RootExited, ev.Kind)
 	require.True(t, ev.Status.Exited())
 
-	// The leaf left the command's session, and its parent is gone: it is
-	// ours now, and the tree is not empty while it lives.
-	st, ok := readStat(s.leaf)
-	require.True(t, ok, "the leaf outlived its parents")
-	require.Equal(t, os.Getpid(), st.ppid, "re-parented to the subreaper")
+	// The leaf left the command's session, and its parent is gone (or
+	// going: the middle process may still be exiting when the root has
+	// exited): it becomes ours, and the tree is not empty while it lives.
+	require.Eventually(t, func() bool {
+		st, ok := readStat(s.leaf)
+		return ok && st.ppid == os.Getpid()
+	}, 20*time.Second, time.Millisecond, "the leaf outlived its parents and was re-parented to the subreaper")
 	require.Contains(t, liveDescendants(os.Getpid()), s.leaf)
 	select {
 	case ev := <-s.tree.Events():
@@ -126,7 +128,7 @@ func TestEscapedDescendantIsReparentedAndSignalled(t *testing.T) {
 	// (The middle process may not have finished exiting yet: at least one.)
 	require.GreaterOrEqual(t, s.tree.Signal(syscall.SIGTERM), 1, "SIGTERM reached the escaped leaf")
 	require.Equal(t, Empty, next(t, s.tree).Kind)
-	_, ok = readStat(s.leaf)
+	_, ok := readStat(s.leaf)
 	require.False(t, ok, "the leaf is dead and reaped")
 }
 

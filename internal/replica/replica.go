@@ -501,7 +501,8 @@ func (r *Replica) startHTTP(ctx context.Context) error {
 }
 
 func (r *Replica) startCron(ctx context.Context) error {
-	cr, err := trigger.NewCron(r.cfg.ReplicaID, r.log, r.disp.CronJobs()...)
+	cr, err := trigger.NewCron(trigger.CronConfig{Replica: r.cfg.ReplicaID, Log: r.log, Metrics: r.tm,
+		Jitter: r.cfg.CronJitter, CatchUpWindow: r.cfg.CronCatchUpWindow}, r.disp.CronJobs()...)
 	if err != nil {
 		return failed(job.ExitUsage, err)
 	}
@@ -551,7 +552,7 @@ func (r *Replica) startConsumer(ctx context.Context) error {
 		return err
 	}
 	kcfg := trigger.KafkaConfig{Brokers: r.cfg.KafkaBrokers, Group: r.cfg.KafkaGroup, Kinds: r.rc.Kinds, Topics: r.names,
-		Replica: r.cfg.ReplicaID, DrainTimeout: r.cfg.ShutdownTimeout, ClientOpts: opts, Tracing: r.rc.Telemetry.Kafka(r.cfg.KafkaGroup)}
+		Replica: r.cfg.ReplicaID, DrainTimeout: r.cfg.ShutdownTimeout, MaxDecompressBatchBytes: r.cfg.KafkaMaxDecompressedBatchBytes, ClientOpts: opts, Tracing: r.rc.Telemetry.Kafka(r.cfg.KafkaGroup)}
 	consumer, err := trigger.NewKafkaConsumer(kcfg, r.disp, r.emit, r.log, r.tm)
 	if err != nil {
 		return err

@@ -143,3 +143,20 @@ func checkRequester(by string) error {
 	}
 	return nil
 }
+
+// DLQMaxValueBytes, DLQMaxKeyBytes and DLQMaxHeaderBytes bound the
+// dead-letter copy of a record: the first bytes of its value and key (size
+// and sha256 in headers) and its headers when they fit, so that a record of
+// any size can be dead-lettered (the copy stays far below the producer's
+// ~1 MB record limit).
+const (
+	DLQMaxValueBytes  = 64 << 10
+	DLQMaxKeyBytes    = 4 << 10
+	DLQMaxHeaderBytes = 64 << 10
+)
+
+// DefaultMaxDecompressBatchBytes bounds what one fetched batch may
+// decompress to (8 MiB): a producer's batch is at most ~1 MiB compressed,
+// triggers are small JSON objects, and franz-go's own default (1 GiB) lets
+// a compressed bomb exhaust memory.
+const DefaultMaxDecompressBatchBytes = 8 << 20

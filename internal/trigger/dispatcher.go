@@ -220,9 +220,10 @@ func (d *Dispatcher) Shutdown(ctx context.Context) {
 }
 
 // CronJobs are the schedules of every kind whose Worker is an
-// owned.Scheduler with a spec. A tick's work runs detached from the cron's
-// own cancellation: shutdown gives it the dispatcher's bound
-// (COORDINATOR_SHUTDOWN_TIMEOUT) to finish.
+// owned.Scheduler with a spec. A tick's params are the kind's Tick at the
+// tick's scheduled time (a catch-up's is the missed tick's). A tick's work
+// runs detached from the cron's own cancellation: shutdown gives it the
+// dispatcher's bound (COORDINATOR_SHUTDOWN_TIMEOUT) to finish.
 func (d *Dispatcher) CronJobs() []CronJob {
 	var jobs []CronJob
 	for _, k := range d.Kinds().Kinds() {
@@ -232,8 +233,8 @@ func (d *Dispatcher) CronJobs() []CronJob {
 		}
 		spec := s.Schedule()
 		loc := ScheduleLocation(spec)
-		jobs = append(jobs, CronJob{Name: k.Spec().Name, Spec: spec, Run: func(ctx context.Context, t job.Trigger) {
-			p, err := s.Tick(time.Now().In(loc))
+		jobs = append(jobs, CronJob{Name: k.Spec().Name, Spec: spec, Run: func(ctx context.Context, t job.Trigger, at time.Time) {
+			p, err := s.Tick(at.In(loc))
 			if err != nil {
 				d.log.Error("cron_tick_failed", "job", k.Spec().Name, "request_id", t.RequestID, "error", err)
 				return

@@ -188,7 +188,7 @@ func TestCronJobsAreTheScheduledKinds(t *testing.T) {
 	require.Len(t, jobs, 1)
 	require.Equal(t, "widget", jobs[0].Name)
 	require.Equal(t, "@every 1h", jobs[0].Spec)
-	jobs[0].Run(context.Background(), job.Trigger{Source: job.SourceCron, RequestID: "tick-1"})
+	jobs[0].Run(context.Background(), job.Trigger{Source: job.SourceCron, RequestID: "tick-1"}, time.Now())
 	done := rec.OfType(events.RunCompleted)
 	require.Len(t, done, 1)
 	require.Equal(t, "widget:1", done[0].Key, "the tick's params come from the kind's Tick")

@@ -31,9 +31,19 @@
 //
 //   - Bad input: the record is copied to coordinator.triggers.dlq (original
 //     key, value and headers, plus reason, reason-detail, source-topic,
-//     source-partition, source-offset), a trigger.rejected event is emitted,
-//     the offset is committed and the next record is processed. If the DLQ
-//     cannot be written, the record is retried like an unavailable one.
+//     source-partition, source-offset, value-size, value-sha256,
+//     value-truncated), a trigger.rejected event is emitted, the offset is
+//     committed and the next record is processed. The copy is bounded
+//     whatever the record's size (the first 64 KiB of the value, 4 KiB of
+//     the key, headers up to 64 KiB), so it never exceeds the producer's
+//     record limit. If the DLQ cannot be written (ACLs, topic missing), the
+//     record is retried like an unavailable one and
+//     coordinator_trigger_dlq_write_failures_total counts the failures.
+//   - A compressed batch that would decompress past MaxDecompressBatchBytes
+//     (franz-go's ErrDecompressTooLarge, which stops the partition): the
+//     records before it are handled, then the batch's coordinates go to the
+//     DLQ (reason batch_too_large, no key or value), its last offset is
+//     committed, and fetching resumes after it (SetOffsets).
 //   - Lock backend unavailable: the job emits ownership.unavailable; the
 //     offset is not committed; the worker retries the same record with
 //     exponential backoff (RetryBackoffMin..RetryBackoffMax) while records
@@ -58,6 +68,20 @@
 //     waits for runs in flight within its ctx, then cancels them and waits
 //     for them to release. The replica stops the consumer first, then the
 //     dispatcher, under one bound.
+//
+// # Cron
+//
+// Cron fires every kind's owned.Scheduler spec on every replica (the lock
+// decides who works). Each tick's params are the kind's Tick at the tick's
+// scheduled time. A tick waits a random jitter first (CronConfig.Jitter,
+// COORDINATOR_CRON_JITTER); a tick that finds the previous one of its job
+// still running is skipped; a tick that panics is recovered, logged with its
+// stack and counted, and the replica goes on. At Start, each schedule's
+// latest tick within CronConfig.CatchUpWindow (COORDINATOR_CRON_CATCHUP_WINDOW)
+// before the start is run once, as a tick the replica may have missed while
+// down: through the dispatcher like any tick, so the lock and the kind's
+// claim answer already_owned or already_completed when another replica ran
+// it. @every specs have no fixed ticks and are not caught up.
 //
 // The poll loop never waits for a worker: once records wait behind a busy
 // worker its partition is paused, so heartbeats and the other partitions go

@@ -3,6 +3,8 @@ package trigger
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -43,6 +45,12 @@ type KafkaConfig struct {
 	// MaxRecordBytes bounds a trigger value; larger ones go to the DLQ.
 	// Default 64 KiB.
 	MaxRecordBytes int
+	// MaxDecompressBatchBytes bounds what one fetched batch may decompress
+	// to (franz-go's own default is 1 GiB, so a compressed bomb could run
+	// every replica out of memory in turn). A batch over it is not read:
+	// its coordinates go to the DLQ (reason batch_too_large) and the
+	// partition moves past it. Default DefaultMaxDecompressBatchBytes (8 MiB).
+	MaxDecompressBatchBytes int
 	// RetryBackoffMin and RetryBackoffMax bound the exponential backoff
 	// between tries of a record that was not handled. Defaults 250ms, 10s.
 	RetryBackoffMin, RetryBackoffMax time.Duration
@@ -71,6 +79,9 @@ func (c KafkaConfig) withDefaults() KafkaConfig {
 	}
 	if c.MaxRecordBytes <= 0 {
 		c.MaxRecordBytes = DefaultMaxRecordBytes
+	}
+	if c.MaxDecompressBatchBytes <= 0 {
+		c.MaxDecompressBatchBytes = DefaultMaxDecompressBatchBytes
 	}
 	if c.RetryBackoffMin <= 0 {
 		c.RetryBackoffMin = 250 * time.Millisecond
@@ -209,6 +220,7 @@ func (c *KafkaConsumer) Start(ctx context.Context) error {
 			kgo.DisableAutoCommit(),
 			kgo.FetchMaxWait(c.cfg.FetchMaxWait),
 			kgo.FetchMaxPartitionBytes(int32(max(c.cfg.MaxRecordBytes*4, 1<<20))),
+			kgo.MaxDecompressBatchBytes(c.cfg.MaxDecompressBatchBytes),
 			kgo.OnPartitionsAssigned(c.assigned),
 			kgo.OnPartitionsRevoked(c.revoked),
 			kgo.OnPartitionsLost(c.revoked),
@@ -303,6 +315,7 @@ func (c *KafkaConsumer) poll() {
 				c.log.Warn("trigger_fetch_error", "topic", topic, "partition", partition, "err", err)
 			}
 		})
+		skips := tooLargeBatches(fetches)
 		if fetches.NumRecords() == 0 && len(fetches.Errors()) > 0 {
 			// Errors only (a broker down, say): do not spin on them.
 			t := time.NewTimer(c.cfg.RetryBackoffMin)
@@ -326,7 +339,56 @@ func (c *KafkaConsumer) poll() {
 			}
 			w.enqueue(p.Records, p.HighWatermark)
 		})
+		for _, e := range skips {
+			c.skipBatch(e)
+		}
 	}
+}
+
+// tooLargeBatches returns the batches franz-go refused to decompress
+// (over MaxDecompressBatchBytes). franz-go stops fetching such a partition
+// until its offset is set past the batch.
+func tooLargeBatches(fetches kgo.Fetches) []*kgo.ErrDecompressTooLarge {
+	var out []*kgo.ErrDecompressTooLarge
+	fetches.EachError(func(_ string, _ int32, err error) {
+		if e, ok := errors.AsType[*kgo.ErrDecompressTooLarge](err); ok {
+			out = append(out, e)
+		}
+	})
+	return out
+}
+
+// skipBatch moves a partition past a batch that could not be decompressed:
+// its worker gets, behind the records already queued, a record standing
+// for the batch (offset: the batch's last) that is dead-lettered with the
+// batch's coordinates and committed like any rejected record; fetching
+// resumes after the batch at once. If the replica dies before that record
+// is committed, the partition's next owner meets the batch again and does
+// the same.
+func (c *KafkaConsumer) skipBatch(e *kgo.ErrDecompressTooLarge) {
+	c.mu.Lock()
+	w := c.workers[tp{e.Topic, e.Partition}]
+	c.mu.Unlock()
+	if w == nil {
+		return // not ours: its owner meets the batch from the committed offset
+	}
+	c.log.Error("trigger_batch_too_large", "topic", e.Topic, "partition", e.Partition, "offset", e.Offset,
+		"next_offset", e.NextOffset, "limit_bytes", c.cfg.MaxDecompressBatchBytes)
+	marker := &kgo.Record{Topic: e.Topic, Partition: e.Partition, Offset: e.NextOffset - 1, LeaderEpoch: e.Epoch,
+		Context: context.WithValue(context.Background(), skippedBatchKey{}, e)}
+	w.enqueue([]*kgo.Record{marker}, max(w.highWatermark(), e.NextOffset))
+	c.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{e.Topic: {e.Partition: {Epoch: e.Epoch, Offset: e.NextOffset}}})
+}
+
+type skippedBatchKey struct{}
+
+// skippedBatch returns the batch rec stands for, if it is skipBatch's marker.
+func skippedBatch(rec *kgo.Record) (*kgo.ErrDecompressTooLarge, bool) {
+	if rec.Context == nil {
+		return nil, false
+	}
+	e, ok := rec.Context.Value(skippedBatchKey{}).(*kgo.ErrDecompressTooLarge)
+	return e, ok
 }
 
 func (c *KafkaConsumer) assigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
@@ -475,6 +537,12 @@ func (w *partWorker) forbidCommit() {
 	w.mu.Unlock()
 }
 
+func (w *partWorker) highWatermark() int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.hw
+}
+
 func (w *partWorker) lag() int64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -556,6 +624,9 @@ func (w *partWorker) commit(rec *kgo.Record) {
 // process handles one record; it reports whether the record is handled
 // (and may be committed).
 func (c *KafkaConsumer) process(rec *kgo.Record) bool {
+	if e, ok := skippedBatch(rec); ok {
+		return c.rejectBatch(rec, e)
+	}
 	k, ok := c.byTopic[rec.Topic]
 	if !ok {
 		return c.reject(rec, nil, owned.Reject(owned.ReasonUnknownTopic, "record from topic %s", rec.Topic))
@@ -581,48 +652,135 @@ func derivedID(rec *kgo.Record) string {
 	return fmt.Sprintf("kafka-%s-%d-%d", rec.Topic, rec.Partition, rec.Offset)
 }
 
-// reject copies rec to the DLQ (original key, value and headers plus
-// reason, source-topic, source-partition, source-offset) and emits
-// trigger.rejected: its subject is the lock key when the record's key names
-// one (owned.RecordKeyed), else the kind's name. It reports false when the
-// DLQ could not be written, so the record is retried, not lost.
+// reject copies rec to the DLQ (see dlqRecord) and emits trigger.rejected:
+// its subject is the lock key when the record's key names one
+// (owned.RecordKeyed), else the kind's name. It reports false when the DLQ
+// could not be written, so the record is retried, not lost. The copy is
+// bounded whatever the record's size, so a write fails for the DLQ's
+// sake (unreachable, not authorised), never for the record's.
 func (c *KafkaConsumer) reject(rec *kgo.Record, k owned.Kind, err error) bool {
 	re := owned.RejectionOf(err)
-	headers := make([]kgo.RecordHeader, 0, len(rec.Headers)+5)
-	headers = append(headers, rec.Headers...)
-	headers = append(headers,
-		kgo.RecordHeader{Key: "reason", Value: []byte(re.Reason)},
-		kgo.RecordHeader{Key: "reason-detail", Value: []byte(re.Detail)},
-		kgo.RecordHeader{Key: "source-topic", Value: []byte(rec.Topic)},
-		kgo.RecordHeader{Key: "source-partition", Value: []byte(strconv.Itoa(int(rec.Partition)))},
-		kgo.RecordHeader{Key: "source-offset", Value: []byte(strconv.FormatInt(rec.Offset, 10))},
-	)
-	dlq := &kgo.Record{Topic: c.cfg.Topics.DLQ, Key: rec.Key, Value: rec.Value, Headers: headers}
-	ctx, cancel := context.WithTimeout(c.handleCtx, 10*time.Second)
-	defer cancel()
-	if perr := c.cl.ProduceSync(ctx, dlq).FirstErr(); perr != nil {
-		c.log.Error("trigger_dlq_write_failed", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "err", perr)
+	if !c.deadLetter(rec, dlqRecord(rec, c.cfg.Topics.DLQ, re.Reason, re.Detail)) {
 		return false
 	}
 	c.m.reject(rec.Topic, re.Reason)
 	jobName, key := "", "trigger:"+rec.Topic
 	if k != nil {
 		jobName, key = k.Spec().Name, k.Spec().Name
-		if rk, ok := k.(owned.RecordKeyed); ok {
+		if rk, ok := k.(owned.RecordKeyed); ok && len(rec.Key) <= DLQMaxKeyBytes {
 			if lk, ok := rk.LockKeyOfRecord(rec.Key); ok {
 				key = lk
 			}
 		}
 	}
+	c.emitRejected(rec, jobName, key, re.Reason, re.Detail)
+	return true
+}
+
+// ReasonBatchTooLarge is the DLQ reason of a fetched batch that would
+// decompress past KafkaConfig.MaxDecompressBatchBytes: it was not read, so
+// its DLQ record carries its coordinates and no key or value.
+const ReasonBatchTooLarge = "batch_too_large"
+
+// rejectBatch dead-letters the coordinates of a batch franz-go refused to
+// decompress (marker stands for it; see skipBatch) and emits
+// trigger.rejected; false when the DLQ could not be written.
+func (c *KafkaConsumer) rejectBatch(marker *kgo.Record, e *kgo.ErrDecompressTooLarge) bool {
+	detail := fmt.Sprintf("the batch at offsets %d..%d decompresses to more than %d bytes (MaxDecompressBatchBytes); it was skipped unread",
+		e.Offset, e.NextOffset-1, c.cfg.MaxDecompressBatchBytes)
+	dlq := &kgo.Record{Topic: c.cfg.Topics.DLQ, Headers: []kgo.RecordHeader{
+		{Key: "reason", Value: []byte(ReasonBatchTooLarge)},
+		{Key: "reason-detail", Value: []byte(detail)},
+		{Key: "source-topic", Value: []byte(e.Topic)},
+		{Key: "source-partition", Value: []byte(strconv.Itoa(int(e.Partition)))},
+		{Key: "source-offset", Value: []byte(strconv.FormatInt(e.Offset, 10))},
+		{Key: "source-next-offset", Value: []byte(strconv.FormatInt(e.NextOffset, 10))},
+	}}
+	if !c.deadLetter(marker, dlq) {
+		return false
+	}
+	c.m.reject(e.Topic, ReasonBatchTooLarge)
+	jobName, key := "", "trigger:"+e.Topic
+	if k := c.byTopic[e.Topic]; k != nil {
+		jobName, key = k.Spec().Name, k.Spec().Name
+	}
+	batch := *marker
+	batch.Offset = e.Offset // the event names the batch's first offset, like the DLQ record
+	c.emitRejected(&batch, jobName, key, ReasonBatchTooLarge, detail)
+	return true
+}
+
+// deadLetter writes dlq; false (logged, counted) when it could not.
+func (c *KafkaConsumer) deadLetter(rec, dlq *kgo.Record) bool {
+	ctx, cancel := context.WithTimeout(c.handleCtx, 10*time.Second)
+	defer cancel()
+	if perr := c.cl.ProduceSync(ctx, dlq).FirstErr(); perr != nil {
+		c.m.dlqFailed(rec.Topic)
+		c.log.Error("trigger_dlq_write_failed", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset,
+			"dlq_bytes", len(dlq.Key)+len(dlq.Value), "error", perr)
+		return false
+	}
+	return true
+}
+
+func (c *KafkaConsumer) emitRejected(rec *kgo.Record, jobName, key, reason, detail string) {
 	c.emit.Emit(c.handleCtx, events.Event{
 		Type: events.TriggerRejected, Key: key, Job: jobName, Replica: c.cfg.Replica, Trigger: string(job.SourceKafka),
 		RequestID: derivedID(rec), TraceParent: recordTraceParent(rec),
-		Extra: map[string]any{"reason": re.Reason, "detail": re.Detail, "topic": rec.Topic,
+		Extra: map[string]any{"reason": reason, "detail": detail, "topic": rec.Topic,
 			"partition": rec.Partition, "offset": rec.Offset, "dlq_topic": c.cfg.Topics.DLQ},
 	})
 	c.log.Warn("trigger_rejected", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset,
-		"reason", re.Reason, "detail", re.Detail)
-	return true
+		"reason", reason, "detail", detail)
+}
+
+// dlqRecord is the dead-letter copy of rec: its key, value and headers plus
+// reason, reason-detail, source-topic, source-partition, source-offset,
+// value-size, value-sha256 and value-truncated. It is bounded whatever rec's
+// size: a value over DLQMaxValueBytes keeps its first DLQMaxValueBytes
+// (value-truncated: true); a key over DLQMaxKeyBytes likewise, with
+// key-size and key-sha256; original headers over DLQMaxHeaderBytes in all
+// are left out and counted in headers-dropped.
+func dlqRecord(rec *kgo.Record, topic, reason, detail string) *kgo.Record {
+	headers := make([]kgo.RecordHeader, 0, len(rec.Headers)+11)
+	hbytes := 0
+	for _, h := range rec.Headers {
+		hbytes += len(h.Key) + len(h.Value) + 10 // the lengths' varints, so that many tiny headers count too
+	}
+	if hbytes <= DLQMaxHeaderBytes {
+		headers = append(headers, rec.Headers...)
+	} else {
+		headers = append(headers, kgo.RecordHeader{Key: "headers-dropped", Value: []byte(strconv.Itoa(len(rec.Headers)))})
+	}
+	value, vTrunc := truncated(rec.Value, DLQMaxValueBytes)
+	vsum := sha256.Sum256(rec.Value)
+	headers = append(headers,
+		kgo.RecordHeader{Key: "reason", Value: []byte(reason)},
+		kgo.RecordHeader{Key: "reason-detail", Value: []byte(detail)},
+		kgo.RecordHeader{Key: "source-topic", Value: []byte(rec.Topic)},
+		kgo.RecordHeader{Key: "source-partition", Value: []byte(strconv.Itoa(int(rec.Partition)))},
+		kgo.RecordHeader{Key: "source-offset", Value: []byte(strconv.FormatInt(rec.Offset, 10))},
+		kgo.RecordHeader{Key: "value-size", Value: []byte(strconv.Itoa(len(rec.Value)))},
+		kgo.RecordHeader{Key: "value-sha256", Value: []byte(hex.EncodeToString(vsum[:]))},
+		kgo.RecordHeader{Key: "value-truncated", Value: []byte(strconv.FormatBool(vTrunc))},
+	)
+	key, kTrunc := truncated(rec.Key, DLQMaxKeyBytes)
+	if kTrunc {
+		ksum := sha256.Sum256(rec.Key)
+		headers = append(headers,
+			kgo.RecordHeader{Key: "key-size", Value: []byte(strconv.Itoa(len(rec.Key)))},
+			kgo.RecordHeader{Key: "key-sha256", Value: []byte(hex.EncodeToString(ksum[:]))},
+		)
+	}
+	return &kgo.Record{Topic: topic, Key: key, Value: value, Headers: headers}
+}
+
+// truncated returns b's first n bytes and whether b was longer.
+func truncated(b []byte, n int) ([]byte, bool) {
+	if len(b) <= n {
+		return b, false
+	}
+	return b[:n], true
 }
 
 // backoff is min·2^attempt capped at max.

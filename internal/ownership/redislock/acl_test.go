@@ -118,7 +118,18 @@ func TestConformanceUnderTheMinimalACL(t *testing.T) {
 	infos, err := l.Locks(ctx)
 	require.NoError(t, err)
 	require.True(t, slices.ContainsFunc(infos, func(i ownership.LockInfo) bool { return i.Key == "acl/inspect" && i.Owner == "acl" }), "%v", infos)
+	// So does LockTTL (coordinator lock's check of its lock).
+	ttl, held, err := l.LockTTL(ctx, "acl/inspect", lease.Fence())
+	require.NoError(t, err)
+	require.True(t, held)
+	require.Positive(t, ttl)
+	_, held, err = l.LockTTL(ctx, "acl/inspect", lease.Fence()+1)
+	require.NoError(t, err)
+	require.False(t, held, "another term's lock is not held")
 	require.NoError(t, lease.Release(ctx))
+	_, held, err = l.LockTTL(ctx, "acl/inspect", lease.Fence())
+	require.NoError(t, err)
+	require.False(t, held, "a released lock is not held")
 }
 
 func TestTheMinimalACLRefusesTheRest(t *testing.T) {

@@ -13,10 +13,11 @@ var scriptNames = map[*redis.Script]string{
 	releaseScript: "release",
 	leaveScript:   "leave",
 	renewScript:   "renew",
+	lockTTLScript: "ttl",
 }
 
 // ScriptName names the lock script cmd runs ("acquire", "holds" (reentry,
-// and a release that is not the last), "release", "leave", "renew"), or ""
+// and a release that is not the last), "release", "leave", "renew", "ttl"), or ""
 // for any other command.
 func ScriptName(cmd redis.Cmder) string {
 	args := cmd.Args()

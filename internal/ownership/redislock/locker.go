@@ -129,6 +129,8 @@ type termState struct {
 	slot    uint16
 	ttl     time.Duration
 	timer   *time.Timer // fires at the local trust deadline
+	// deadline is the local trust deadline the timer is set to (l.mu).
+	deadline time.Time
 	// renewing: a watchdog term the renewal loop still renews (l.mu).
 	renewing bool
 	// seq numbers the term's hold-count updates, so a late resend of an
@@ -432,6 +434,11 @@ func (l *Locker) reenter(ctx context.Context, t *ownership.Term) (ownership.Leas
 	if ok {
 		return t.Hold(), nil
 	}
+	if t.Holds() == 0 {
+		// Another goroutine released the last hold meanwhile, and its
+		// delete came first: the lease ended released, not lost.
+		return nil, ownership.AlreadyOwned(t.Key(), owner, ownership.ErrReleased)
+	}
 	l.lose(t, "reentry found the lock gone", false)
 	return nil, ownership.AlreadyOwned(t.Key(), owner, ownership.ErrLeaseLost)
 }
@@ -443,9 +450,9 @@ func (l *Locker) grant(ctx context.Context, key, token string, fence int64, watc
 		Key: key, Owner: l.cfg.Owner, Token: token, Fence: fence, Watchdog: watchdog,
 		Acquired: sent, Parent: ctx, Release: l.release, OnEnd: l.ended,
 	})
-	st := &termState{lockKey: l.lockKey(key), ttl: ttl}
+	st := &termState{lockKey: l.lockKey(key), ttl: ttl, deadline: ownership.TrustDeadline(sent, ttl)}
 	st.slot = slot(st.lockKey)
-	st.timer = time.AfterFunc(time.Until(ownership.TrustDeadline(sent, ttl)), func() {
+	st.timer = time.AfterFunc(time.Until(st.deadline), func() {
 		reason := "explicit lease reached its end"
 		if watchdog {
 			reason = "no successful renewal before the trust deadline"
@@ -474,6 +481,25 @@ func (l *Locker) grant(ctx context.Context, key, token string, fence int64, watc
 		l.lose(t, "locker closed", true)
 	}
 	return lease
+}
+
+// TrustDeadline is when this Locker stops trusting lease: the time the
+// acquire or the last renewal that counted (acknowledged by the required
+// replicas) was sent, plus the TTL, less the safety margin. A holder that
+// must stop work before the lease can end times its stop by it. ok is
+// false when lease is not a live lease of this Locker.
+func (l *Locker) TrustDeadline(lease ownership.Lease) (deadline time.Time, ok bool) {
+	t, ok := ownership.TermOf(lease)
+	if !ok {
+		return time.Time{}, false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st, ok := l.live[t]
+	if !ok {
+		return time.Time{}, false
+	}
+	return st.deadline, true
 }
 
 // lose ends t as lost. With cleanup, the lock may still exist in Redis

@@ -89,7 +89,11 @@ func (l *Locker) renewRound(budget time.Duration) {
 					// holds. Delete it, after the holder's margin to stop.
 					l.cleanup(it.t.Key(), it.t.Token(), ownership.SafetyMargin(it.st.ttl))
 				} else {
-					it.st.timer.Reset(time.Until(ownership.TrustDeadline(sent, it.st.ttl)))
+					d := ownership.TrustDeadline(sent, it.st.ttl)
+					l.mu.Lock()
+					it.st.deadline = d
+					l.mu.Unlock()
+					it.st.timer.Reset(time.Until(d))
 				}
 			default:
 				gone++

@@ -1,0 +1,147 @@
+package redislock_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/telco-platform/coordinator/internal/ownership"
+	"github.com/telco-platform/coordinator/internal/ownership/redislock"
+	"github.com/telco-platform/coordinator/internal/testenv"
+)
+
+// orderHook runs a client's lock scripts in an order the test chooses:
+// before[name] is waited for before a script named name is sent, after[name]
+// runs once it has returned (before its caller sees the reply). Each fires
+// once.
+type orderHook struct {
+	mu     sync.Mutex
+	before map[string]func()
+	after  map[string]func()
+}
+
+func (h *orderHook) take(m map[string]func(), name string) func() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	f := m[name]
+	delete(m, name)
+	return f
+}
+
+func (h *orderHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *orderHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		name := redislock.ScriptName(cmd)
+		if name == "" {
+			return next(ctx, cmd)
+		}
+		if f := h.take(h.before, name); f != nil {
+			f()
+		}
+		err := next(ctx, cmd)
+		if f := h.take(h.after, name); f != nil {
+			f()
+		}
+		return err
+	}
+}
+func (h *orderHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// Two goroutines share a lease through its context (a reentrant hold each)
+// and give their holds up at the same moment. The last release deletes the
+// lock in Redis before the other one's hold-count update arrives there; that
+// update then finds no lock. Neither hold was lost: both Releases succeed
+// and the lease ends released, not lost.
+func TestConcurrentReleasesOfReentrantHolds(t *testing.T) {
+	t.Parallel()
+	env := testenv.Redis(t)
+	ctx := context.Background()
+	client, err := redislock.NewClient(env.URL, redislock.ModeSingle)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = client.Close() })
+	h := &orderHook{before: map[string]func(){}, after: map[string]func(){}}
+	client.AddHook(h)
+	l, err := redislock.New(client, redislock.Config{Prefix: env.Prefix, Owner: "a", WatchdogTimeout: 30 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+
+	outer, err := l.Acquire(ctx, "shared", 0)
+	require.NoError(t, err)
+	inner, err := l.Acquire(outer.Context(), "shared", 0)
+	require.NoError(t, err)
+
+	// The inner release's hold-count update reaches Redis only after the
+	// outer (last) release ran there, and its answer comes back before the
+	// outer release's caller hears of its own.
+	releaseRan, innerDone := make(chan struct{}), make(chan struct{})
+	h.before["holds"] = func() { <-releaseRan }
+	h.after["release"] = func() {
+		close(releaseRan)
+		select {
+		case <-innerDone:
+		case <-time.After(10 * time.Second):
+		}
+	}
+	innerErr := make(chan error, 1)
+	go func() {
+		innerErr <- inner.Release(ctx)
+		close(innerDone)
+	}()
+	// The inner hold is given up first (its count is down to one), then the
+	// outer: it is the last.
+	require.Eventually(t, func() bool {
+		term, _ := ownership.TermOf(outer)
+		return term.Holds() == 1
+	}, 10*time.Second, time.Millisecond)
+	require.NoError(t, outer.Release(ctx))
+	require.NoError(t, <-innerErr, "the inner hold was given up, not lost")
+	require.ErrorIs(t, outer.Err(), ownership.ErrReleased, "a lease whose holds were all released ended lost")
+	_, err = env.Client.HGet(ctx, env.Prefix+":{shared}:lock", "owner").Result()
+	require.ErrorIs(t, err, redis.Nil, "the lock is gone")
+}
+
+// A goroutine reenters a lease through its context while the owner releases
+// the last hold: the release's delete reaches Redis first, and the reentry
+// finds no lock. The reentry fails, but the lease ended released, as its
+// owner released it: it was not lost.
+func TestReentryRacingTheLastRelease(t *testing.T) {
+	t.Parallel()
+	env := testenv.Redis(t)
+	ctx := context.Background()
+	client, err := redislock.NewClient(env.URL, redislock.ModeSingle)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = client.Close() })
+	h := &orderHook{before: map[string]func(){}, after: map[string]func(){}}
+	client.AddHook(h)
+	l, err := redislock.New(client, redislock.Config{Prefix: env.Prefix, Owner: "a", WatchdogTimeout: 30 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+
+	outer, err := l.Acquire(ctx, "racing", 0)
+	require.NoError(t, err)
+	reentering, releaseRan, reentryDone := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	h.before["holds"] = func() { close(reentering); <-releaseRan }
+	h.after["release"] = func() {
+		close(releaseRan)
+		select {
+		case <-reentryDone:
+		case <-time.After(10 * time.Second):
+		}
+	}
+	reentryErr := make(chan error, 1)
+	go func() {
+		_, err := l.Acquire(outer.Context(), "racing", 0)
+		reentryErr <- err
+		close(reentryDone)
+	}()
+	<-reentering
+	require.NoError(t, outer.Release(ctx))
+	require.Error(t, <-reentryErr, "reentered a lease its owner released")
+	require.ErrorIs(t, outer.Err(), ownership.ErrReleased, "a lease its owner released ended lost")
+}

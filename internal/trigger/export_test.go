@@ -1,0 +1,4 @@
+package trigger
+
+// LastTick is lastTick, for the catch-up window's table test.
+var LastTick = lastTick
