@@ -241,13 +241,19 @@ func (s *Resumer) scanKind(ctx context.Context, k Kind, held map[string]bool) {
 // attempt runs one due request and books how it ended.
 func (s *Resumer) attempt(ctx context.Context, k Kind, q request) {
 	log := s.log.With("job", q.job, "lock_key", q.key, "attempt", q.attempts+1)
-	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), requestTimeout)
-	defer cancel()
+	// book runs a statement on run_requests after the attempt (which may have
+	// taken hours), under its own bound, also when ctx is ending.
+	book := func(f func(ctx context.Context) error) error {
+		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), requestTimeout)
+		defer cancel()
+		return f(bctx)
+	}
 	p, err := q.decode(k)
 	if err != nil {
 		log.Error("resume_gave_up", "error", err, "detail", "the recorded request does not decode")
 		s.m.gaveUp.WithLabelValues(q.job).Inc()
-		if err := s.reqs.giveUp(bctx, q, "the recorded request does not decode: "+err.Error()); err != nil {
+		msg := "the recorded request does not decode: " + err.Error()
+		if err := book(func(ctx context.Context) error { return s.reqs.giveUp(ctx, q, msg) }); err != nil {
 			log.Warn("resume_book_failed", "error", err)
 		}
 		return
@@ -281,7 +287,11 @@ func (s *Resumer) attempt(ctx context.Context, k Kind, q request) {
 	if count {
 		delay = min(s.cfg.Interval<<min(q.attempts, 16), maxResumeBackoff)
 	}
-	permanent, err := s.reqs.attempted(bctx, q, count, delay, s.cfg.MaxAttempts, res.Outcome, res.Error)
+	var permanent bool
+	err = book(func(ctx context.Context) (err error) {
+		permanent, err = s.reqs.attempted(ctx, q, count, delay, s.cfg.MaxAttempts, res.Outcome, res.Error)
+		return err
+	})
 	switch {
 	case err != nil:
 		log.Warn("resume_book_failed", "error", err)
