@@ -152,3 +152,45 @@ type collectorFunc func(chan<- prometheus.Metric)
 
 func (f collectorFunc) Describe(chan<- *prometheus.Desc)    {}
 func (f collectorFunc) Collect(ch chan<- prometheus.Metric) { f(ch) }
+
+// An attempt that runs longer than one statement's bound (5 s) is still
+// booked: its bound starts when the run ends.
+func TestResumerBooksALongAttempt(t *testing.T) {
+	t.Parallel()
+	pg := testenv.Postgres(t)
+	ctx := context.Background()
+	ran := make(chan struct{}, 10)
+	w := &ownedtest.Widget{
+		Incomplete: func(context.Context) ([]owned.Incomplete, error) {
+			return []owned.Incomplete{{Params: ownedtest.Params{N: 1}, State: "INTERRUPTED"}}, nil
+		},
+		Work: func(context.Context, *owned.Run, int) (owned.Report, error) {
+			time.Sleep(6 * time.Second) // longer than the booking bound: the behaviour under test
+			ran <- struct{}{}
+			return owned.Report{}, owned.Retryable(errors.New("connection reset by peer"))
+		},
+	}
+	reg, err := owned.NewRegistry(w)
+	require.NoError(t, err)
+	l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "replica-a", WaitTime: 50 * time.Millisecond, WatchdogTimeout: 3 * time.Second})
+	defer l.Close()
+	runner, err := owned.NewRunner(reg, owned.Deps{Config: config.Config{ReplicaID: "replica-a"}, DB: pg.Pool, Locker: l}, nil)
+	require.NoError(t, err)
+	// A long interval: the first scan makes the only attempt of this test.
+	rs, err := owned.NewResumer(owned.ResumerConfig{Runner: runner, Interval: time.Hour, MaxAttempts: 3})
+	require.NoError(t, err)
+	require.NoError(t, rs.Start(ctx))
+	defer rs.Stop()
+	select {
+	case <-ran:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the attempt did not run")
+	}
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		var attempts int
+		var outcome string
+		require.NoError(c, pg.Pool.QueryRow(ctx, `select attempts, coalesce(last_outcome, '') from run_requests where run_key = 'widget:1'`).Scan(&attempts, &outcome))
+		assert.Equal(c, 1, attempts)
+		assert.Equal(c, "failed", outcome)
+	}, 10*time.Second, 20*time.Millisecond)
+}
