@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -42,7 +43,8 @@ type ResumerConfig struct {
 	// MaxAttempts bounds the attempts of one request that run and do not
 	// complete (lost, a retryable failure); then it is permanent and pages
 	// (COORDINATOR_RESUME_MAX_ATTEMPTS). Attempts that find the lock owned
-	// or unavailable do not count. Default 10.
+	// or unavailable, or are cut short by a shutdown, do not count.
+	// Default 10.
 	MaxAttempts int
 	// Locks, when set, lets a scan skip the runs whose lock is held (their
 	// owner is working) instead of waiting for it. Optional.
@@ -281,7 +283,9 @@ func (s *Resumer) attempt(ctx context.Context, k Kind, q request) {
 		}
 		count = true
 	case job.OutcomeLost:
-		count = true
+		// A replica shutting down (a deploy) is not the run's failure: it
+		// is tried again at once, uncounted.
+		count = ctx.Err() == nil && !strings.HasPrefix(res.Error, "ownership lost: "+ReasonShutdown)
 	}
 	delay := time.Duration(0)
 	if count {
