@@ -116,7 +116,9 @@ func (w *Worker) Incomplete(ctx context.Context) ([]owned.Incomplete, error) {
 		if err != nil {
 			continue // the table's check constraint makes this unreachable
 		}
-		out = append(out, owned.Incomplete{Params: p, Since: since, State: status,
+		// Force: the run was admitted when it was first claimed; the age
+		// limit must not stop its resumption (closed is checked again).
+		out = append(out, owned.Incomplete{Params: Request{Period: p, Force: true}, Since: since, State: status,
 			Trigger: job.Trigger{Source: job.Source(source), RequestID: requestID, RequestedBy: requestedBy}})
 	}
 	if err := rows.Err(); err != nil {
