@@ -151,7 +151,7 @@ func TestServeOverSASLSSL(t *testing.T) {
 	for k, v := range map[string]string{"COORDINATOR_DATABASE_URL": pg.DSN, "COORDINATOR_LOCK_REDIS_URL": rd.URL,
 		"COORDINATOR_LOCK_KEY_PREFIX": rd.Prefix, "COORDINATOR_HTTP_ADDR": "127.0.0.1:0", "COORDINATOR_REPLICA_ID": "secure-replica",
 		"COORDINATOR_REAPER_SCHEDULE": "", "COORDINATOR_SHUTDOWN_TIMEOUT": "5s", "COORDINATOR_KAFKA_GROUP": names.Events + ".group",
-		envTestSessionTimeout: "6s"} {
+		"COORDINATOR_KAFKA_SESSION_TIMEOUT": "6s", "COORDINATOR_LOCK_WATCHDOG_TIMEOUT": "3s", "COORDINATOR_LOCK_WAIT_TIME": "1s"} {
 		env[k] = v
 	}
 	ctx, stop := context.WithCancel(context.Background())

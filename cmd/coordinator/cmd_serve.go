@@ -22,9 +22,6 @@ const (
 	// envTestBatchDelay slows every batch of the kinds that offer it (a Go
 	// duration), so a test can kill or stop the owner mid-run.
 	envTestBatchDelay = "COORDINATOR_TEST_BILLRUN_BATCH_DELAY"
-	// envTestSessionTimeout shortens the Kafka group session timeout, so a
-	// killed replica's partitions move within seconds instead of 45 s.
-	envTestSessionTimeout = "COORDINATOR_TEST_KAFKA_SESSION_TIMEOUT"
 )
 
 // runServe runs one replica (internal/replica assembles it) until the first

@@ -47,6 +47,13 @@ func TestServeRejectsBadConfigBeforeTouchingServices(t *testing.T) {
 		{"bad admin tokens file", with("COORDINATOR_ADMIN_TOKENS_FILE", tokensFile), nil,
 			[]string{"COORDINATOR_ADMIN_TOKENS_FILE", "line 2 (ci): the token must be at least 32 bytes"}},
 		{"bad run cap", with("COORDINATOR_MAX_RUNS_IN_FLIGHT", "0"), nil, []string{"COORDINATOR_MAX_RUNS_IN_FLIGHT"}},
+		{"watchdog and wait reach the session timeout", with("COORDINATOR_LOCK_WATCHDOG_TIMEOUT", "40s"), nil,
+			[]string{"COORDINATOR_LOCK_WATCHDOG_TIMEOUT", "COORDINATOR_LOCK_WAIT_TIME", "COORDINATOR_KAFKA_SESSION_TIMEOUT", "45s"}},
+		{"session timeout below watchdog and wait", with("COORDINATOR_KAFKA_SESSION_TIMEOUT", "20s"), nil,
+			[]string{"COORDINATOR_LOCK_WATCHDOG_TIMEOUT", "COORDINATOR_KAFKA_SESSION_TIMEOUT", "20s"}},
+		{"bad session timeout", with("COORDINATOR_KAFKA_SESSION_TIMEOUT", "banana"), nil, []string{"COORDINATOR_KAFKA_SESSION_TIMEOUT", "banana"}},
+		{"bad resume interval", with("COORDINATOR_RESUME_INTERVAL", "0s"), nil, []string{"COORDINATOR_RESUME_INTERVAL", "at least 100ms"}},
+		{"bad resume attempts", with("COORDINATOR_RESUME_MAX_ATTEMPTS", "0"), nil, []string{"COORDINATOR_RESUME_MAX_ATTEMPTS"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -11,9 +11,10 @@ import (
 	"github.com/telco-platform/coordinator/internal/replica"
 )
 
-// applyTestHooks sets the hooks the environment asks for on reg's kinds and
-// on r (nil for `coordinator run`). A bad value is an error naming it.
-func applyTestHooks(getenv func(string) string, log *slog.Logger, reg *owned.Registry, r *replica.Replica) error {
+// applyTestHooks sets the hooks the environment asks for on reg's kinds. A
+// bad value is an error naming it. (The Kafka session timeout, once a hook,
+// is COORDINATOR_KAFKA_SESSION_TIMEOUT.)
+func applyTestHooks(getenv func(string) string, log *slog.Logger, reg *owned.Registry, _ *replica.Replica) error {
 	read := func(env string) (time.Duration, error) {
 		raw := getenv(env)
 		if raw == "" {
@@ -30,19 +31,12 @@ func applyTestHooks(getenv func(string) string, log *slog.Logger, reg *owned.Reg
 	if err != nil {
 		return err
 	}
-	session, err := read(envTestSessionTimeout)
-	if err != nil {
-		return err
-	}
 	if delay > 0 {
 		for _, k := range reg.Kinds() {
 			if d, ok := k.(interface{ SetBatchDelay(time.Duration) }); ok {
 				d.SetBatchDelay(delay)
 			}
 		}
-	}
-	if session > 0 && r != nil {
-		r.SetSessionTimeout(session)
 	}
 	return nil
 }

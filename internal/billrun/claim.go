@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
+	"github.com/telco-platform/coordinator/internal/postgres"
 )
 
 // Claim takes the period's bill_runs row for this replica under the lock,
@@ -41,9 +43,15 @@ func (w *Worker) Claim(ctx context.Context, run *owned.Run, params owned.Params)
 	}
 	var fence int64
 	t := run.Trigger()
-	err := w.pool.QueryRow(ctx, sqlClaim, p.String(), run.Replica(), run.LockFence(),
-		t.RequestedBy, t.Principal, t.RequestID, string(t.Source),
-		p.Start(cal.Zone), p.End(cal.Zone), cal.Zone.String()).Scan(&fence)
+	// A dropped connection, a failover or a restart is retried like a
+	// batch (MaxBatchAttempts, RetryBackoff): the claim is idempotent under
+	// the lock (a claim that committed unseen only costs a fence).
+	r := retrier{cfg: w.cfg, log: run.Log()}
+	err := r.retry(ctx, "claim", func(ctx context.Context) error {
+		return w.pool.QueryRow(ctx, sqlClaim, p.String(), run.Replica(), run.LockFence(),
+			t.RequestedBy, t.Principal, t.RequestID, string(t.Source),
+			p.Start(cal.Zone), p.End(cal.Zone), cal.Zone.String()).Scan(&fence)
+	})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		st, serr := ReadStatus(ctx, w.pool, p)
@@ -69,7 +77,52 @@ func (w *Worker) Claim(ctx context.Context, run *owned.Run, params owned.Params)
 		}
 		return 0, &owned.CompletedError{Owner: st.Owner, Fence: st.Fence, Counts: counts}
 	case err != nil:
-		return 0, fmt.Errorf("billrun: claim %s: %w", p, err)
+		return 0, transient(fmt.Errorf("billrun: claim %s: %w", p, err))
 	}
 	return fence, nil
+}
+
+// transient marks err retryable for the template (owned.Retryable) when
+// Postgres says its cause is transient (postgres.IsTransient: a lost
+// connection, admin shutdown, serialization failure, deadlock): the
+// resumer tries the run again. Lost errors and nil pass unchanged.
+func transient(err error) error {
+	if err == nil || errors.Is(err, owned.ErrLost) || !postgres.IsTransient(err) {
+		return err
+	}
+	return owned.Retryable(err)
+}
+
+// Incomplete lists the periods whose bill run was accepted and is not
+// COMPLETED (RUNNING, whose owner may be gone; INTERRUPTED; FAILED), for
+// the resumer (owned.Resumable). A RUNNING row whose owner still holds the
+// lock is listed too; the resumer finds the lock held.
+func (w *Worker) Incomplete(ctx context.Context) ([]owned.Incomplete, error) {
+	rows, err := w.pool.Query(ctx, sqlIncomplete)
+	if err != nil {
+		return nil, fmt.Errorf("billrun: list incomplete runs: %w", err)
+	}
+	defer rows.Close()
+	var out []owned.Incomplete
+	for rows.Next() {
+		var (
+			period, status, requestID, requestedBy, source string
+			since                                          time.Time
+		)
+		if err := rows.Scan(&period, &status, &since, &requestID, &requestedBy, &source); err != nil {
+			return nil, fmt.Errorf("billrun: list incomplete runs: %w", err)
+		}
+		p, err := ParsePeriod(period)
+		if err != nil {
+			continue // the table's check constraint makes this unreachable
+		}
+		// Force: the run was admitted when it was first claimed; the age
+		// limit must not stop its resumption (closed is checked again).
+		out = append(out, owned.Incomplete{Params: Request{Period: p, Force: true}, Since: since, State: status,
+			Trigger: job.Trigger{Source: job.Source(source), RequestID: requestID, RequestedBy: requestedBy}})
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("billrun: list incomplete runs: %w", err)
+	}
+	return out, nil
 }

@@ -109,6 +109,9 @@
 //
 // A RUNNING row whose owner died (kill -9) stays RUNNING until the next claim:
 // the next owner holds the Redis lock, so it takes the row over (fence+1).
+// Every row that is not COMPLETED is listed to the resumer (Worker.Incomplete,
+// owned.Resumable), which claims it once its lock is free: nobody has to
+// trigger the period again.
 //
 // # Why a stale owner cannot commit
 //
@@ -126,8 +129,13 @@
 // # What happens on failure
 //
 //   - Lock contended: already_owned (exit 75), owner named; nothing runs.
+//     The request is recorded for the resumer (owned), so the period is
+//     finished even if the owner dies before completing it.
 //   - Lock backend down: unavailable (exit 69); nothing runs. A Kafka trigger
-//     is redelivered.
+//     is redelivered; a cron tick is recorded for the resumer.
+//   - The claim meets a transient error (a dropped connection, a failover):
+//     retried like a batch (MaxBatchAttempts, RetryBackoff); a claim that
+//     committed unseen costs a fence. Still failing: failed, retryable.
 //   - Lease lost mid-run (renewal found the lock gone, or Redis unreachable
 //     until the local trust deadline): no new batch starts; in-flight batch
 //     transactions are cancelled and roll back; the row is marked
@@ -143,13 +151,17 @@
 //     left to the newer holder.
 //   - Process killed (kill -9): committed batches stay committed, the
 //     in-flight transaction rolls back (Postgres), the lock expires after the
-//     watchdog timeout; the next trigger claims fence+1 and resumes, skipping
-//     the committed ranges (batches_skipped > 0).
+//     watchdog timeout; the resumer of another replica (or a redelivered
+//     trigger) claims fence+1 and resumes, skipping the committed ranges
+//     (batches_skipped > 0), whether Kafka, cron or HTTP started the run.
 //   - A batch fails transiently (Postgres restarted, connection lost,
 //     serialization failure, deadlock): retried with exponential backoff
 //     (RetryBackoff, doubling, capped at 32x) up to MaxBatchAttempts tries;
 //     then no new batch starts, the row is FAILED with last_error, run.failed,
-//     release, outcome failed (exit 1). A later trigger resumes.
+//     release, outcome failed (exit 1), marked retryable (owned.Retryable,
+//     from postgres.IsTransient): the resumer resumes it with backoff. A
+//     failure whose cause is not transient is permanent: it pages, and a
+//     person triggers the period again once the cause is fixed.
 //   - A unique violation (SQLSTATE 23505) escapes ON CONFLICT (another unique
 //     index, an identity collision): recognised by its code, reported as a
 //     billrun.invoice_conflict event (sqlstate, constraint, range) and counted
@@ -157,7 +169,7 @@
 //     collision clears on retry); if it persists the run is FAILED and
 //     last_error names the constraint. Never a generic error, never silent.
 //   - Postgres unreachable when ending the run: the row stays RUNNING; the
-//     next claim takes it over.
+//     resumer's next claim takes it over.
 //
 // Resume never double-bills or skips: a committed range is skipped whole and
 // ranges are never split across runs; ON CONFLICT DO NOTHING is only the

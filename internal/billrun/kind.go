@@ -240,6 +240,7 @@ var (
 	_ owned.Scheduler    = (*Worker)(nil)
 	_ owned.StatusReader = (*Worker)(nil)
 	_ owned.Observer     = (*Worker)(nil)
+	_ owned.Resumable    = (*Worker)(nil)
 )
 
 // Schedule is COORDINATOR_BILLRUN_SCHEDULE (empty: off). A spec that names

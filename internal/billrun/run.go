@@ -204,7 +204,7 @@ func (w *Worker) Run(ctx context.Context, run *owned.Run, params owned.Params) (
 			"sample":             sample,
 		})
 	}
-	runErr = x.end(ctx, runErr, counts)
+	runErr = transient(x.end(ctx, runErr, counts))
 
 	logArgs := append([]any{"error", runErr, "batches_committed", counts[CountBatchesCommitted], "batches_skipped", skipped,
 		"invoices_created", counts[CountInvoicesCreated], "already_invoiced", counts[CountAlreadyInvoiced]}, phases...)

@@ -64,6 +64,15 @@ select period_start, period_end, billing_tz, cutoff_at
 from bill_runs
 where period = $1 and fence = $2 and status = 'RUNNING'`
 
+// sqlIncomplete lists the periods whose run is not COMPLETED, with when
+// the latest claim started and its trigger (the resumer's view).
+const sqlIncomplete = `
+select period, status, coalesce(started_at, updated_at), coalesce(request_id, ''), coalesce(requested_by, ''),
+       coalesce(trigger_source, '')
+from bill_runs
+where status <> 'COMPLETED'
+order by period`
+
 // sqlStatus reads a period's row with totals summed from its committed
 // batches, and for its progress: the batches and subscribers of the latest
 // claim (fence) and the seconds it has run, by the database's clock; then

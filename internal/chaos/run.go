@@ -295,10 +295,10 @@ func (r *run) replicaEnv() []string {
 		fmt.Sprintf("COORDINATOR_BILLRUN_BATCH_SIZE=%d", billrunBatchSize),
 		fmt.Sprintf("COORDINATOR_BILLRUN_WORKERS=%d", billrunWorkers),
 		"COORDINATOR_SHUTDOWN_TIMEOUT="+shutdownTimeout.String(),
-		// Test hooks of `coordinator serve` (not the configuration contract):
-		// a killed replica's partitions move after 10 s, and batches are
+		// A killed replica's partitions move after 10 s; and a test hook of
+		// `coordinator serve` (not the configuration contract): batches are
 		// slowed a little so that faults land in the middle of runs.
-		"COORDINATOR_TEST_KAFKA_SESSION_TIMEOUT="+kafkaSession.String(),
+		"COORDINATOR_KAFKA_SESSION_TIMEOUT="+kafkaSession.String(),
 		"COORDINATOR_TEST_BILLRUN_BATCH_DELAY="+billrunBatchDelay.String(),
 	)
 }

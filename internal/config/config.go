@@ -63,6 +63,10 @@ type Config struct {
 	KafkaCreateTopics bool
 	// KafkaGroup is the trigger consumer group. Default "coordinator".
 	KafkaGroup string
+	// KafkaSessionTimeout is the trigger consumer group's session timeout:
+	// how long after a replica dies its partitions move. `serve` refuses a
+	// LockWatchdogTimeout + LockWaitTime that reaches it. Default 45s.
+	KafkaSessionTimeout time.Duration
 	// KafkaTopicPrefix is prepended to every contract topic name. Default
 	// empty; tests and shared clusters set it to isolate one deployment.
 	KafkaTopicPrefix string
@@ -138,6 +142,14 @@ type Config struct {
 	// BillrunMaxAgeMonths is how many months back a period may be billed
 	// without --force ("force": true). Default 24.
 	BillrunMaxAgeMonths int
+
+	// ResumeInterval is how often every replica's resumer looks for
+	// accepted runs that did not complete and resumes the due ones.
+	// Default 15s, 100ms..1h.
+	ResumeInterval time.Duration
+	// ResumeMaxAttempts bounds the resumer's attempts of one run that run
+	// and do not complete; then it is permanent and pages. Default 10.
+	ResumeMaxAttempts int
 
 	// ProgressInterval is how often a run in flight logs its progress
 	// (<job>_progress records). Default 10s, at least 100ms.
@@ -267,6 +279,14 @@ func settings() []setting {
 			apply: func(c *Config, v string) (err error) { c.KafkaCreateTopics, err = strconv.ParseBool(v); return err }},
 		{env: "COORDINATOR_KAFKA_GROUP", flag: "kafka-group", usage: "consumer group of the trigger consumer", def: lit("coordinator"),
 			apply: func(c *Config, v string) error { c.KafkaGroup = v; return checkName(v) }},
+		{env: "COORDINATOR_KAFKA_SESSION_TIMEOUT", flag: "kafka-session-timeout", usage: "session timeout of the trigger consumer group (a dead replica's partitions move after it)", def: lit("45s"),
+			apply: func(c *Config, v string) (err error) {
+				c.KafkaSessionTimeout, err = duration(v, time.Second)
+				if err == nil && c.KafkaSessionTimeout > 30*time.Minute {
+					err = errors.New("must be at most 30m")
+				}
+				return err
+			}},
 		{env: "COORDINATOR_KAFKA_TOPIC_PREFIX", flag: "kafka-topic-prefix", usage: "prefix of every contract topic (isolates tests and tenants)", def: lit(""),
 			apply: func(c *Config, v string) error {
 				c.KafkaTopicPrefix = v
@@ -378,6 +398,16 @@ func settings() []setting {
 			apply: func(c *Config, v string) (err error) { c.BillingZone, err = zone(v); return err }},
 		{env: "COORDINATOR_BILLRUN_MAX_AGE_MONTHS", flag: "billrun-max-age-months", usage: "months back a period may be billed without --force", def: lit("24"),
 			apply: func(c *Config, v string) (err error) { c.BillrunMaxAgeMonths, err = positiveInt(v, 12000); return err }},
+		{env: "COORDINATOR_RESUME_INTERVAL", flag: "resume-interval", usage: "how often the resumer looks for accepted runs that did not complete", def: lit("15s"),
+			apply: func(c *Config, v string) (err error) {
+				c.ResumeInterval, err = duration(v, 100*time.Millisecond)
+				if err == nil && c.ResumeInterval > time.Hour {
+					err = errors.New("must be at most 1h")
+				}
+				return err
+			}},
+		{env: "COORDINATOR_RESUME_MAX_ATTEMPTS", flag: "resume-max-attempts", usage: "resume attempts of one run before it is permanent and pages", def: lit("10"),
+			apply: func(c *Config, v string) (err error) { c.ResumeMaxAttempts, err = positiveInt(v, 1000); return err }},
 		{env: "COORDINATOR_PROGRESS_INTERVAL", flag: "progress-interval", usage: "how often a run in flight logs its progress (<job>_progress)", def: lit("10s"),
 			apply: func(c *Config, v string) (err error) {
 				c.ProgressInterval, err = duration(v, 100*time.Millisecond)
@@ -460,7 +490,8 @@ var flagTypes = map[string]string{
 	"lock-redis-tls-key-file": "path", "lock-redis-password-file": "path", "admin-token": "token",
 	"admin-tokens-file": "path", "max-runs-in-flight": "int", "health-check-interval": "duration",
 	"kafka-sasl-password": "password", "kafka-max-decompressed-batch-bytes": "bytes",
-	"cron-catchup-window": "duration", "cron-jitter": "duration",
+	"cron-catchup-window": "duration", "cron-jitter": "duration", "kafka-session-timeout": "duration",
+	"resume-interval": "duration", "resume-max-attempts": "int",
 }
 
 // flagValue keeps a flag's raw text: Config parses it with the variable's
@@ -576,6 +607,27 @@ func (c Config) validate() error {
 	}
 	return c.validateKafka()
 }
+
+// CheckKafkaSession refuses, for `serve`, a lock watchdog timeout plus wait
+// time that reaches the Kafka session timeout: a dead owner's partition
+// would then move while its lock is still held, and the new member would
+// answer already_owned to its trigger.
+func (c Config) CheckKafkaSession() error {
+	session := c.KafkaSessionTimeout
+	if session == 0 {
+		session = DefaultKafkaSessionTimeout
+	}
+	if c.LockWatchdogTimeout+c.LockWaitTime < session {
+		return nil
+	}
+	return &Error{Variable: "COORDINATOR_LOCK_WATCHDOG_TIMEOUT", Flag: "lock-watchdog-timeout", Value: c.LockWatchdogTimeout.String(),
+		Err: fmt.Errorf("plus COORDINATOR_LOCK_WAIT_TIME (%s) must stay below COORDINATOR_KAFKA_SESSION_TIMEOUT (%s): lower them or raise the session timeout",
+			c.LockWaitTime, session)}
+}
+
+// DefaultKafkaSessionTimeout is COORDINATOR_KAFKA_SESSION_TIMEOUT's
+// default (franz-go's and Kafka's).
+const DefaultKafkaSessionTimeout = 45 * time.Second
 
 // AdminTokenSet is every admin token: COORDINATOR_ADMIN_TOKEN (named
 // "admin", every scope) and those of COORDINATOR_ADMIN_TOKENS_FILE. Empty:

@@ -64,7 +64,12 @@ type deployment struct {
 // newDeployment sets everything up; redisURL "" means the shared test Redis.
 func newDeployment(t *testing.T, redisURL string) *deployment {
 	t.Helper()
-	pg := testenv.Postgres(t)
+	return newDeploymentOn(t, redisURL, testenv.Postgres(t))
+}
+
+// newDeploymentOn is newDeployment on the given (migrated) database.
+func newDeploymentOn(t *testing.T, redisURL string, pg *testenv.PG) *deployment {
+	t.Helper()
 	kafka := testenv.Kafka(t)
 	d := &deployment{
 		t:        t,
@@ -99,8 +104,11 @@ func newDeployment(t *testing.T, redisURL string) *deployment {
 		"COORDINATOR_LOG_FORMAT":            "json",
 		"COORDINATOR_SHUTDOWN_TIMEOUT":      "10s",
 		"COORDINATOR_BILLRUN_BATCH_SIZE":    "100",
-		// A killed replica's partitions move after 6 s instead of 45 s.
-		"COORDINATOR_TEST_KAFKA_SESSION_TIMEOUT": "6s",
+		// A killed replica's partitions move after 15 s instead of 45 s
+		// (above the watchdog timeout plus the wait time, as serve requires).
+		"COORDINATOR_KAFKA_SESSION_TIMEOUT": "15s",
+		// Runs that did not complete are looked for every second.
+		"COORDINATOR_RESUME_INTERVAL": "1s",
 	}
 
 	d.kc, err = kgo.NewClient(kgo.SeedBrokers(d.brokers...), kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)))

@@ -17,6 +17,9 @@ const (
 	SourceCron  Source = "cron"
 	SourceHTTP  Source = "http"
 	SourceCLI   Source = "cli"
+	// SourceResume is the resumer (internal/owned): a run accepted earlier
+	// that did not complete, taken up again without a new trigger.
+	SourceResume Source = "resume"
 )
 
 // Trigger identifies one request to run a job.
@@ -70,11 +73,10 @@ func (o Outcome) ExitCode() int {
 	}
 }
 
-// Handled reports whether a trigger with this outcome is finished with, so a
-// Kafka offset may be committed. Unavailable (the lock backend was down) and
-// lost (ownership ended mid-run, e.g. on shutdown) are not: the trigger is
-// redelivered, and a redelivery resumes or finds the run already completed,
-// so nothing is lost.
+// Handled reports whether an outcome alone finishes a trigger of a kind
+// that has no resumer: completed, already_completed, already_owned (the
+// holder's run is the answer) and failed. Unavailable and lost are not: the
+// trigger is redelivered. Result.Handled is the full rule.
 func (o Outcome) Handled() bool { return o != OutcomeUnavailable && o != OutcomeLost }
 
 // Result is the one JSON object `coordinator run` prints.
@@ -90,6 +92,36 @@ type Result struct {
 	Error     string           `json:"error,omitempty"`
 	// DurationMS is the wall time of the run, lock wait included.
 	DurationMS int64 `json:"duration_ms"`
+	// Retryable says a failed run failed for a transient cause (a dropped
+	// connection, a Postgres restart or failover, Redis unreachable, a
+	// timeout): trying again may complete it. False for a permanent failure.
+	Retryable bool `json:"retryable,omitempty"`
+	// Deferred says the run did not complete and its request is recorded in
+	// Postgres (run_requests) for the resumer: the trigger is finished with,
+	// the resumer owes the completed run.
+	Deferred bool `json:"deferred,omitempty"`
+	// Resumable says the kind has a resumer (its Worker is an
+	// owned.Resumable).
+	Resumable bool `json:"-"`
+}
+
+// Handled reports whether the trigger of this result is finished with, so a
+// Kafka offset may be committed: the run completed (or had been), failed
+// permanently, or was handed to the resumer (Deferred). A kind without a
+// resumer keeps Outcome.Handled's rule, except that a retryable failure is
+// retried too. Anything else (unavailable, lost, a retryable failure, an
+// already_owned answer of a resumable kind, that could not be recorded) is
+// tried again.
+func (r Result) Handled() bool {
+	switch {
+	case r.Outcome == OutcomeCompleted, r.Outcome == OutcomeAlreadyCompleted, r.Deferred:
+		return true
+	case r.Outcome == OutcomeFailed:
+		return !r.Retryable
+	case r.Outcome == OutcomeAlreadyOwned:
+		return !r.Resumable
+	}
+	return false
 }
 
 // ErrAtCapacity marks work refused because the replica already has as many

@@ -15,7 +15,8 @@
 // the kind's store), Scheduler (a cron spec), StatusKind and StatusReader
 // (GET HTTPPath/{id}), Observer (metrics of its own), RecordKeyed,
 // Configurer (Decode and Flags that depend on the deployment's
-// configuration: a bill run admits only periods closed in the billing zone).
+// configuration: a bill run admits only periods closed in the billing zone),
+// and Resumable (its incomplete runs, for the resumer).
 // A RejectError marked Unprocessable is answered 422 over HTTP.
 //
 // The kind's name is its entry in the registry of lock-key namespaces:
@@ -43,30 +44,69 @@
 //
 // # What happens on failure
 //
+// Every accepted trigger ends in a completed run or in a failure that
+// pages. For a Resumable kind, the template records the request of a run
+// that did not complete in run_requests (requests.go) before the Result
+// reaches the transport (Result.Deferred), and the Resumer (resumer.go)
+// finishes it.
+//
 //   - Lock contended: already_owned naming the owner (exit 75); the other
-//     replica's lock is untouched; nothing runs.
+//     replica's lock is untouched; nothing runs. A Resumable kind's request
+//     is recorded (the holder may still die before it completes), then a
+//     Kafka trigger is committed.
 //   - Lock backend unreachable or the wait budget spent: unavailable (exit
-//     69), fail closed; a Kafka trigger is retried, not committed.
-//   - The work returns an error: failed (exit 1); the lock is released.
+//     69), fail closed; a Kafka trigger is retried, not committed; a cron
+//     tick's request is recorded for the resumer.
+//   - The work returns an error: failed (exit 1); the lock is released. The
+//     error is classified (IsRetryable; a kind marks its store's transient
+//     errors with Retryable): transient (connection refused or reset, admin
+//     shutdown, serialization failure, deadlock, timeouts, the lock backend
+//     unavailable) or permanent. run.failed says which (retryable). A
+//     transient failure is recorded and resumed; a permanent one is
+//     recorded permanent (it pages) and its Kafka trigger committed.
 //   - The lease is lost mid-run, or the caller shuts down: the kind stops at
 //     its next checkpoint; lost (exit 76) with reason lease_lost or
-//     shutdown (or the kind's own, through Lost); a Kafka trigger is not
-//     committed, so a redelivery resumes. A lease still held is released.
-//     An error that comes back after the work's context was cancelled is
-//     taken as lost: the safe side, since lost is redelivered and failed is
-//     not.
+//     shutdown (or the kind's own, through Lost). A lease still held is
+//     released. A Resumable kind's request is recorded and resumed, then a
+//     Kafka trigger is committed; otherwise it is not committed, so a
+//     redelivery resumes. An error that comes back after the work's
+//     context was cancelled is taken as lost: the safe side.
+//   - Recording a request fails (Postgres down): the Result is not
+//     Deferred and a Kafka trigger is retried in place.
+//   - The owner dies (kill -9): nothing is recorded at the time; the
+//     resumer finds the run in the kind's own store (Incomplete: a bill run
+//     RUNNING with its lock expired) and resumes it, whatever started it.
 //   - The work finished although its context was cancelled meanwhile (every
 //     step committed under a fence): completed, as the kind says.
 //   - Release fails: logged; the lock expires with its TTL.
 //
+// # The resumer
+//
+// Every replica runs one (the replica's resumer component). Every
+// ResumeInterval it adopts each Resumable kind's incomplete runs into
+// run_requests, sets coordinator_incomplete_runs and
+// coordinator_incomplete_run_oldest_age_seconds, and runs the due requests
+// whose lock is not held, one at a time, through Runner.Run (the replica
+// passes its dispatcher's Run) with trigger source job.SourceResume and the
+// request's id: lock, claim, the kind's own resume. Completed: the request
+// goes. Lost or a transient failure: attempts+1, next try after the
+// interval doubled per attempt (at most 1h); MaxAttempts spent: permanent.
+// already_owned or unavailable: tried at the next scan, not counted.
+//
+//	accepted ─▶ run ─┬─ completed ──────────────▶ (request deleted)
+//	                 ├─ failed, permanent ──────▶ permanent: pages
+//	                 └─ lost, transient failure, already_owned
+//	                        ▼
+//	                  run_requests ─▶ resumer ─┬─ completed ─▶ (deleted)
+//	                        ▲                  └─ lost, transient: backoff,
+//	                        └──────────────────── attempts+1 (max: permanent)
+//
 // # Where the next pieces slot in
 //
 // The template owns the outcome mapping (classify), the events (Run.send)
-// and the phases (acquire, Claim, Run, release), and hands each kind a *Run:
-// a resumer re-runs incomplete runs through Runner.Run with its own
-// job.Source and classifies outcomes where classify does; the requester
-// and principal (job.Trigger.RequestedBy, Principal) reach every event from
-// Run.send, and a Claimer records them from Run.Trigger
+// and the phases (acquire, Claim, Run, release), and hands each kind a *Run;
+// the requester and principal (job.Trigger.RequestedBy, Principal) reach
+// every event from Run.send, and a Claimer records them from Run.Trigger
 // (bill_runs.requested_by, principal).
 //
 // # Progress and tracing

@@ -185,3 +185,32 @@ type Observer interface {
 type RecordKeyed interface {
 	LockKeyOfRecord(recordKey []byte) (string, bool)
 }
+
+// Resumable is a Worker whose runs are finished by the resumer when they
+// did not complete: every replica asks it, every ResumeInterval, for the
+// runs its store knows to be accepted and not complete, and runs them again
+// through the template (lock, claim, the kind's own resume) with trigger
+// source job.SourceResume. The template also records, in run_requests, the
+// requests of its runs that did not complete (lost, a retryable failure,
+// already_owned), so a Kafka trigger is committed only once the resumer owes
+// its run. One method is all a kind adds to be resumed.
+type Resumable interface {
+	// Incomplete lists the runs accepted and not complete that another run
+	// would finish (a bill run: its bill_runs rows that are not COMPLETED).
+	// A run in progress may be listed: the resumer finds its lock held.
+	Incomplete(ctx context.Context) ([]Incomplete, error)
+}
+
+// Incomplete is one run a Resumable lists.
+type Incomplete struct {
+	// Params are the run's parameters (Encode must handle them).
+	Params Params
+	// Trigger is the request the kind's store names (request id,
+	// requester, source), for correlation; it may be empty.
+	Trigger job.Trigger
+	// Since is when the run was accepted, as the store knows it (zero:
+	// now).
+	Since time.Time
+	// State is the store's word for it (RUNNING, INTERRUPTED, FAILED).
+	State string
+}

@@ -37,6 +37,7 @@ type Runner struct {
 	tracer   trace.Tracer // nil: tracing off
 	progress ProgressReporter
 	inFlight inFlight
+	requests *requests // nil: no database, nothing recorded for the resumer
 }
 
 // NewRunner configures (Configurer) and opens every registered kind with d
@@ -69,6 +70,9 @@ func NewRunner(reg *Registry, d Deps, emit events.Emitter) (*Runner, error) {
 		r.replica = d.Locker.Owner()
 	}
 	reg.Configure(d.Config)
+	if d.DB != nil {
+		r.requests = &requests{pool: d.DB}
+	}
 	for _, k := range reg.Kinds() {
 		name := k.Spec().Name
 		w, err := k.Open(d)
@@ -123,6 +127,7 @@ func (r *Runner) Run(ctx context.Context, k Kind, p Params, t job.Trigger) job.R
 // Execute exactly once.
 type Owned struct {
 	r      *Runner
+	kind   Kind
 	worker Worker
 	params Params
 	run    *Run
@@ -146,8 +151,9 @@ func (o *Owned) Fence() int64 { return o.run.fence }
 func (r *Runner) Begin(ctx context.Context, k Kind, p Params, t job.Trigger) (*Owned, job.Result) {
 	spec := k.Spec()
 	key := k.LockKey(p)
-	o := &Owned{r: r, worker: r.workers[spec.Name], params: p, start: time.Now(),
+	o := &Owned{r: r, kind: k, worker: r.workers[spec.Name], params: p, start: time.Now(),
 		res: job.Result{Job: spec.Name, Key: key, Replica: r.replica, RequestID: t.RequestID}}
+	_, o.res.Resumable = o.worker.(Resumable)
 	log := r.log.With("job", spec.Name, "lock_key", key, "request_id", t.RequestID, "trigger", string(t.Source))
 	if t.RequestedBy != "" {
 		log = log.With("requested_by", t.RequestedBy)
@@ -333,7 +339,9 @@ func (o *Owned) settle(ctx context.Context, rep Report, err, cause error) job.Ou
 		o.run.send(ctx, events.OwnershipLost, o.run.fence, "", data)
 	default:
 		o.res.Error = err.Error()
+		o.res.Retryable = IsRetryable(err)
 		data["error"] = o.res.Error
+		data["retryable"] = o.res.Retryable
 		o.run.send(ctx, events.RunFailed, o.run.fence, "", data)
 	}
 	o.release(ctx)
@@ -421,9 +429,11 @@ func (o *Owned) lostAfterRun(ctx context.Context, reason string) {
 	o.run.send(ctx, events.OwnershipLost, o.run.fence, "", map[string]any{"reason": reason, "after_run": true})
 }
 
-// end fixes the outcome, records metrics and tells an Observer.
+// end fixes the outcome, records what it means for the run's request (a
+// Resumable kind), records metrics and tells an Observer.
 func (o *Owned) end(outcome job.Outcome) job.Result {
 	o.res.Outcome = outcome
+	o.settleRequest()
 	took := time.Since(o.start)
 	o.res.DurationMS = took.Milliseconds()
 	o.r.m.ended(o.run.job, outcome, took)
@@ -440,6 +450,57 @@ func (o *Owned) end(outcome job.Outcome) job.Result {
 	}
 	o.run.endTrace(o.res)
 	return o.res
+}
+
+// settleRequest records, for a Resumable kind, what the run's end means for
+// its request (run_requests), before the Result reaches the transport (a
+// Kafka trigger is committed after this):
+//
+//   - completed, already_completed: the request is forgotten.
+//   - failed permanently: recorded permanent (it pages; nobody retries).
+//   - lost, a retryable failure, already_owned (the holder may still die),
+//     unavailable from cron: recorded for the resumer, and the Result is
+//     Deferred. Unavailable from any other source is not: Kafka retries the
+//     record in place, HTTP answered 503, the CLI exited 69.
+//   - a run of the resumer itself: the resumer books its own attempts.
+//
+// A write that fails leaves the Result not Deferred, so a Kafka trigger is
+// retried rather than committed.
+func (o *Owned) settleRequest() {
+	if !o.res.Resumable || o.r.requests == nil {
+		return
+	}
+	src := o.run.trigger.Source
+	out := o.res.Outcome
+	var permanent bool
+	switch {
+	case out == job.OutcomeCompleted, out == job.OutcomeAlreadyCompleted:
+	case out == job.OutcomeFailed && !o.res.Retryable:
+		permanent = true
+	case src == job.SourceResume:
+		return
+	case out == job.OutcomeUnavailable && src != job.SourceCron:
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	defer cancel()
+	var err error
+	if out == job.OutcomeCompleted || out == job.OutcomeAlreadyCompleted {
+		err = o.r.requests.done(ctx, o.run.job, o.run.key)
+	} else {
+		var q request
+		if q, err = encodeRequest(o.kind, o.params, o.run.trigger); err == nil {
+			err = o.r.requests.record(ctx, q, out, permanent, o.res.Error)
+		}
+		o.res.Deferred = err == nil && !permanent
+	}
+	if err != nil {
+		o.run.log.Warn("run_request_record_failed", "outcome", string(out), "error", err)
+		return
+	}
+	if o.res.Deferred {
+		o.run.log.Info("run_request_deferred", "outcome", string(out), "detail", "recorded for the resumer")
+	}
 }
 
 // refusedSpan ends an acquire span that got no lock: already owned is an

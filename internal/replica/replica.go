@@ -110,10 +110,6 @@ type Replica struct {
 	log   *slog.Logger
 	names topics.Names
 
-	// consumerOpts are extra franz-go options of the trigger consumer (a
-	// test seam: testhooks.go).
-	consumerOpts []kgo.Opt
-
 	mu      sync.Mutex
 	began   bool
 	started []component
@@ -136,6 +132,7 @@ type Replica struct {
 	health   *health.Monitor
 	consumer *trigger.KafkaConsumer
 	cron     *trigger.Cron
+	resumer  *owned.Resumer
 	api      *httpapi.API
 	http     *httpapi.Server
 }
@@ -225,6 +222,10 @@ func (r *Replica) components() []component {
 		// Stopped after the dispatcher: a running tick returns when its run
 		// did, and the dispatcher's bound ends every run.
 		{"cron", r.startCron, func(context.Context) { r.cron.Stop() }},
+		// Resumes accepted runs that did not complete (owned.Resumer),
+		// through the dispatcher: stopped after it, whose bound has ended
+		// a resumed run in flight.
+		{"resumer", r.startResumer, func(context.Context) { r.resumer.Stop() }},
 		// Started when the runner was (nothing to start); here, its Shutdown
 		// lets the runs in flight finish within the bound, then cancels them.
 		{"dispatcher", func(context.Context) error { return nil }, func(bound context.Context) { r.disp.Shutdown(bound) }},
@@ -253,6 +254,9 @@ func (r *Replica) Start(ctx context.Context) error {
 	r.began = true
 	if r.rc.OpenLocker == nil {
 		return &StartError{Step: "lock", Code: job.ExitUsage, Err: errors.New("no OpenLocker")}
+	}
+	if err := r.cfg.CheckKafkaSession(); err != nil {
+		return &StartError{Step: "config", Code: job.ExitUsage, Err: err}
 	}
 	if r.rc.Kinds == nil {
 		reg, err := kinds.Registry()
@@ -292,6 +296,7 @@ func (r *Replica) Stop() {
 	}
 	r.started = nil
 	r.pool, r.locker, r.sink, r.adm, r.runner, r.disp, r.consumer, r.cron, r.api, r.http, r.health = nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil
+	r.resumer = nil
 }
 
 // startPostgres opens the pool: batch workers, planners, reaper workers,
@@ -509,8 +514,41 @@ func (r *Replica) startCron(ctx context.Context) error {
 	return nil
 }
 
+// startResumer starts the resumer of the kinds whose Worker is an
+// owned.Resumable; its runs go through the dispatcher.
+func (r *Replica) startResumer(ctx context.Context) error {
+	var inspector ownership.Inspector
+	if in, ok := r.locker.(ownership.Inspector); ok {
+		inspector = in
+	}
+	disp := r.disp
+	res, err := owned.NewResumer(owned.ResumerConfig{Runner: r.runner, Interval: r.cfg.ResumeInterval,
+		MaxAttempts: r.cfg.ResumeMaxAttempts, Locks: inspector, Log: r.log, Registerer: r.reg,
+		Run: func(ctx context.Context, k owned.Kind, p owned.Params, t job.Trigger) job.Result {
+			res, _ := disp.Run(ctx, k, p, t)
+			return res
+		}})
+	if err != nil {
+		return failed(job.ExitUsage, err)
+	}
+	if err := res.Start(ctx); err != nil {
+		return err
+	}
+	r.resumer = res
+	return nil
+}
+
+// sessionOpts are the trigger consumer's group session timeout
+// (COORDINATOR_KAFKA_SESSION_TIMEOUT) and a heartbeat well inside it.
+func sessionOpts(session time.Duration) []kgo.Opt {
+	if session <= 0 {
+		return nil
+	}
+	return []kgo.Opt{kgo.SessionTimeout(session), kgo.HeartbeatInterval(min(3*time.Second, session/6))}
+}
+
 func (r *Replica) startConsumer(ctx context.Context) error {
-	opts, err := r.kafkaOpts(r.consumerOpts...)
+	opts, err := r.kafkaOpts(sessionOpts(r.cfg.KafkaSessionTimeout)...)
 	if err != nil {
 		return err
 	}
@@ -555,6 +593,8 @@ func (r *Replica) logStarted() {
 		"max_runs_in_flight", cfg.MaxRunsInFlight,
 		"tracing", r.rc.Telemetry.Exporter(),
 		"progress_interval", cfg.ProgressInterval,
+		"resume_interval", cfg.ResumeInterval,
+		"kafka_session_timeout", cfg.KafkaSessionTimeout,
 	)
 }
 

@@ -183,12 +183,12 @@ func (d *Dispatcher) refusal(k owned.Kind, t job.Trigger, err error) {
 func (d *Dispatcher) finished(ctx context.Context, t job.Trigger, res job.Result) {
 	d.m.outcome(t.Source, res.Job, res.Outcome)
 	level := slog.LevelInfo
-	if !res.Outcome.Handled() || res.Outcome == job.OutcomeFailed {
+	if !res.Handled() || res.Outcome == job.OutcomeFailed || res.Outcome == job.OutcomeLost {
 		level = slog.LevelWarn
 	}
 	args := []any{"job", res.Job, "lock_key", res.Key,
 		"outcome", string(res.Outcome), "trigger", string(t.Source), "request_id", t.RequestID,
-		"owner", res.Owner, "fence", res.Fence, "duration_ms", res.DurationMS, "error", res.Error}
+		"owner", res.Owner, "fence", res.Fence, "deferred", res.Deferred, "duration_ms", res.DurationMS, "error", res.Error}
 	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
 		args = append(args, "trace_id", sc.TraceID().String())
 	}

@@ -13,9 +13,11 @@
 // the deployment's prefix) in the consumer group (default "coordinator")
 // with auto-commit off. Each partition has one worker that handles its
 // records in order; an offset is committed only after its record is
-// handled. Handled means the outcome says so (job.Outcome.Handled:
-// completed, already_completed, already_owned, failed) or the record was
-// rejected to the DLQ.
+// handled. Handled means the result says so (job.Result.Handled: completed,
+// already_completed, failed permanently, or Deferred: the run did not
+// complete and its request is recorded in Postgres for the resumer, which
+// owes the completed run; for a kind without a resumer, already_owned too)
+// or the record was rejected to the DLQ.
 //
 // DecodeRecord checks what every trigger shares and rejects, with a
 // reason: values over MaxRecordBytes (too_large), anything that is not one
@@ -42,10 +44,12 @@
 //     records before it are handled, then the batch's coordinates go to the
 //     DLQ (reason batch_too_large, no key or value), its last offset is
 //     committed, and fetching resumes after it (SetOffsets).
-//   - Lock backend unavailable (or ownership lost mid-run): the job emits
-//     ownership.unavailable (ownership.lost); the offset is not committed; the
-//     worker retries the same record with exponential backoff
-//     (RetryBackoffMin..RetryBackoffMax) while records behind it wait.
+//   - Lock backend unavailable: the job emits ownership.unavailable; the
+//     offset is not committed; the worker retries the same record with
+//     exponential backoff (RetryBackoffMin..RetryBackoffMax) while records
+//     behind it wait. The same for a run lost, failed for a transient cause
+//     or answered already_owned whose request could not be recorded for the
+//     resumer (Postgres down); once recorded, the offset is committed.
 //   - The replica dies: nothing past the last handled record was committed,
 //     so the group redelivers; the job's lock and its Postgres fence decide
 //     whether the redelivery resumes, finds the run owned, or finds it done.
@@ -54,8 +58,9 @@
 //     the partition, decides who works); the revoke waits up to RevokeWait
 //     for it and commits it if it ends in time. Otherwise it keeps running
 //     under its lock, is never committed by this replica, and the new
-//     partition owner sees it again and answers already_owned or
-//     already_completed.
+//     partition owner sees it again and answers already_completed, or
+//     already_owned, recording the request for the resumer before it
+//     commits: if the run then ends lost, the resumer finishes it.
 //   - Shutdown: KafkaConsumer.Stop stops fetching, waits up to DrainTimeout
 //     for records in flight, then cancels them (a run then ends lost and is
 //     not committed), and leaves the group. Dispatcher.Shutdown refuses new

@@ -123,10 +123,12 @@ func (c KafkaConfig) validate() error {
 // the worker drained its queue, so heartbeats,
 // rebalances and the other partitions keep going while a long bill run
 // executes. An offset is committed (synchronously) only after its record is
-// handled: done, already owned, already completed, or rejected to the DLQ.
-// A record that is not handled (lock backend unavailable, ownership lost,
-// DLQ unreachable) is retried in place with exponential backoff, and the
-// records behind it wait; nothing is committed past it.
+// handled (job.Result.Handled): completed or already completed, failed
+// permanently, handed to the resumer (Deferred: the request is recorded in
+// Postgres), or rejected to the DLQ. A record that is not handled (lock
+// backend unavailable, a run lost or failed transiently that could not be
+// recorded, DLQ unreachable) is retried in place with exponential backoff,
+// and the records behind it wait; nothing is committed past it.
 //
 // Revoke or loss of a partition: the worker takes no new record from it and
 // queued ones are dropped (the new owner gets them from the committed
@@ -136,7 +138,9 @@ func (c KafkaConfig) validate() error {
 // callback waits up to RevokeWait for it, so it is committed when it ends in
 // time; otherwise the run goes on holding its lock, its offset stays
 // uncommitted, and the partition's new owner sees the redelivered trigger
-// and answers already_owned (or already_completed).
+// and answers already_completed, or already_owned after recording the
+// request for the resumer (a resumable kind), which finishes the run if
+// its owner then loses it.
 type KafkaConsumer struct {
 	cfg  KafkaConfig
 	h    Handler
@@ -639,7 +643,7 @@ func (c *KafkaConsumer) process(rec *kgo.Record) bool {
 		c.log.Warn("trigger_handler_error", "topic", rec.Topic, "offset", rec.Offset, "request_id", t.RequestID, "error", err)
 		return false
 	}
-	return res.Outcome.Handled()
+	return res.Handled()
 }
 
 // derivedID is the request id of a record that has none: the same on every

@@ -24,8 +24,8 @@ func (c *KafkaConsumer) traceRecord(rec *kgo.Record, t job.Trigger) (context.Con
 	span.SetAttributes(owned.AttrRequestID.String(t.RequestID))
 	return ctx, func(res job.Result) {
 		span.SetAttributes(owned.AttrJob.String(res.Job), owned.AttrOutcome.String(string(res.Outcome)),
-			attribute.Bool("coordinator.trigger_handled", res.Outcome.Handled()))
-		if !res.Outcome.Handled() {
+			attribute.Bool("coordinator.trigger_handled", res.Handled()))
+		if !res.Handled() {
 			span.SetStatus(codes.Error, "not handled: retried")
 		}
 		span.End()

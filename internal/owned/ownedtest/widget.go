@@ -34,6 +34,9 @@ type Widget struct {
 	Work func(ctx context.Context, r *owned.Run, n int) (owned.Report, error)
 	// Claim, when set, makes the Worker a Claimer.
 	Claim func(ctx context.Context, r *owned.Run, n int) (int64, error)
+	// Incomplete, when set (and Claim is not), makes the Worker a
+	// Resumable listing these runs.
+	Incomplete func(ctx context.Context) ([]owned.Incomplete, error)
 
 	mu       sync.Mutex
 	runs     int
@@ -91,8 +94,11 @@ func (w *Widget) LockKeyOfRecord(key []byte) (string, bool) {
 }
 
 func (w *Widget) Open(owned.Deps) (owned.Worker, error) {
-	if w.Claim != nil {
+	switch {
+	case w.Claim != nil:
 		return claimingWorker{worker{w}}, nil
+	case w.Incomplete != nil:
+		return resumableWorker{worker{w}}, nil
 	}
 	return worker{w}, nil
 }
@@ -159,4 +165,10 @@ func Gated(gate <-chan struct{}) func(ctx context.Context, r *owned.Run, n int) 
 			return owned.Report{}, ctx.Err()
 		}
 	}
+}
+
+type resumableWorker struct{ worker }
+
+func (k resumableWorker) Incomplete(ctx context.Context) ([]owned.Incomplete, error) {
+	return k.w.Incomplete(ctx)
 }

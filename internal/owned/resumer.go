@@ -1,0 +1,370 @@
+package owned
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/telco-platform/coordinator/internal/events"
+	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/ownership"
+)
+
+// Defaults of ResumerConfig.
+const (
+	DefaultResumeInterval    = 15 * time.Second
+	DefaultResumeMaxAttempts = 10
+	// maxResumeBackoff caps the delay between two attempts of one request.
+	maxResumeBackoff = time.Hour
+)
+
+// ResumerConfig configures a Resumer.
+type ResumerConfig struct {
+	// Runner is the template, with the kinds to resume (those whose Worker
+	// is a Resumable) and the database. Required, with a database.
+	Runner *Runner
+	// Run runs one resumed run to its end. Default Runner.Run; a replica
+	// passes its dispatcher's, so that shutdown bounds resumed runs like
+	// any other.
+	Run func(ctx context.Context, k Kind, p Params, t job.Trigger) job.Result
+	// Interval is how often the incomplete runs are looked for
+	// (COORDINATOR_RESUME_INTERVAL). Default 15s. The first attempt of a
+	// request is due at once; the next ones back off from Interval,
+	// doubling, capped at 1h.
+	Interval time.Duration
+	// MaxAttempts bounds the attempts of one request that run and do not
+	// complete (lost, a retryable failure); then it is permanent and pages
+	// (COORDINATOR_RESUME_MAX_ATTEMPTS). Attempts that find the lock owned
+	// or unavailable, or are cut short by a shutdown, do not count.
+	// Default 10.
+	MaxAttempts int
+	// Locks, when set, lets a scan skip the runs whose lock is held (their
+	// owner is working) instead of waiting for it. Optional.
+	Locks ownership.Inspector
+	// Log defaults to discard.
+	Log *slog.Logger
+	// Registerer gets the resumer's metrics. Nil: not registered.
+	Registerer prometheus.Registerer
+}
+
+// Resumer finishes, on every replica, the runs that were accepted and did
+// not complete: every Interval it asks each Resumable kind for its
+// incomplete runs (recording those it did not know in run_requests), reads
+// the kind's requests, sets the incomplete-run metrics, and runs the due
+// ones, one at a time, through the template with trigger source
+// job.SourceResume and the request's request id. The lock decides which
+// replica resumes a run; the others find it owned.
+//
+// A run that completes (or finds itself completed) clears its request; one
+// that fails permanently stays FAILED and its request permanent; one lost or
+// failed for a transient cause is tried again after a backoff, up to
+// MaxAttempts, then made permanent (resume_gave_up).
+type Resumer struct {
+	cfg   ResumerConfig
+	reqs  *requests
+	log   *slog.Logger
+	m     *resumerMetrics
+	kinds []Kind
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	mu     sync.Mutex
+	began  bool
+	done   chan struct{}
+	once   sync.Once
+}
+
+// NewResumer validates cfg; nothing is contacted until Start.
+func NewResumer(cfg ResumerConfig) (*Resumer, error) {
+	if cfg.Runner == nil || cfg.Runner.requests == nil {
+		return nil, errors.New("owned: NewResumer needs a Runner with a database")
+	}
+	if cfg.Interval < 0 || cfg.MaxAttempts < 0 {
+		return nil, fmt.Errorf("owned: resumer interval %s and max attempts %d must not be negative", cfg.Interval, cfg.MaxAttempts)
+	}
+	if cfg.Interval == 0 {
+		cfg.Interval = DefaultResumeInterval
+	}
+	if cfg.MaxAttempts == 0 {
+		cfg.MaxAttempts = DefaultResumeMaxAttempts
+	}
+	if cfg.Run == nil {
+		cfg.Run = cfg.Runner.Run
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	m, err := newResumerMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	s := &Resumer{cfg: cfg, reqs: cfg.Runner.requests, log: cfg.Log, m: m, done: make(chan struct{})}
+	for _, k := range cfg.Runner.reg.Kinds() {
+		if _, ok := cfg.Runner.Worker(k.Spec().Name).(Resumable); ok {
+			s.kinds = append(s.kinds, k)
+			m.reset(k.Spec().Name)
+		}
+	}
+	sort.Slice(s.kinds, func(i, j int) bool { return s.kinds[i].Spec().Name < s.kinds[j].Spec().Name })
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	return s, nil
+}
+
+// Kinds are the names of the kinds this Resumer resumes.
+func (s *Resumer) Kinds() []string {
+	out := make([]string, len(s.kinds))
+	for i, k := range s.kinds {
+		out[i] = k.Spec().Name
+	}
+	return out
+}
+
+// Start scans at once and then every Interval, in the background.
+func (s *Resumer) Start(context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.began {
+		return errors.New("owned: resumer already started")
+	}
+	s.began = true
+	go s.loop()
+	s.log.Info("resumer_started", "kinds", s.Kinds(), "interval", s.cfg.Interval, "max_attempts", s.cfg.MaxAttempts)
+	return nil
+}
+
+// Stop stops scanning, cancels a resumed run in flight (it ends lost at its
+// next checkpoint and releases; its request stays due) and waits. A
+// replica stops its dispatcher first, whose bound has ended that run
+// already. Safe twice.
+func (s *Resumer) Stop() {
+	s.once.Do(func() {
+		s.cancel()
+		s.mu.Lock()
+		began := s.began
+		s.began = true // no Start after Stop
+		s.mu.Unlock()
+		if began {
+			<-s.done
+		}
+	})
+}
+
+func (s *Resumer) loop() {
+	defer close(s.done)
+	t := time.NewTicker(s.cfg.Interval)
+	defer t.Stop()
+	for {
+		s.Scan(s.ctx)
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Scan looks once for incomplete runs of every Resumable kind and runs the
+// due ones. The loop calls it; tests may too.
+func (s *Resumer) Scan(ctx context.Context) {
+	var held map[string]bool
+	if s.cfg.Locks != nil {
+		lctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		locks, err := s.cfg.Locks.Locks(lctx)
+		cancel()
+		if err == nil {
+			held = make(map[string]bool, len(locks))
+			for _, l := range locks {
+				held[l.Key] = true
+			}
+		}
+	}
+	for _, k := range s.kinds {
+		if ctx.Err() != nil {
+			return
+		}
+		s.scanKind(ctx, k, held)
+	}
+}
+
+func (s *Resumer) scanKind(ctx context.Context, k Kind, held map[string]bool) {
+	name := k.Spec().Name
+	w := s.cfg.Runner.Worker(name).(Resumable)
+	lctx, cancel := context.WithTimeout(ctx, 4*requestTimeout)
+	inc, err := w.Incomplete(lctx)
+	if err != nil {
+		s.log.Warn("resume_list_failed", "job", name, "error", err)
+	}
+	for _, in := range inc {
+		q, err := encodeRequest(k, in.Params, in.Trigger)
+		if err != nil {
+			s.log.Error("resume_adopt_failed", "job", name, "error", err)
+			continue
+		}
+		if !in.Since.IsZero() {
+			since := in.Since
+			q.acceptedAt = &since
+		}
+		q.lastOutcome = in.State
+		if err := s.reqs.adopt(lctx, q); err != nil {
+			s.log.Warn("resume_adopt_failed", "job", name, "lock_key", q.key, "error", err)
+		}
+	}
+	reqs, err := s.reqs.list(lctx, name)
+	cancel()
+	if err != nil {
+		s.log.Warn("resume_list_failed", "job", name, "error", err)
+		return
+	}
+	s.m.observe(name, reqs)
+	var due []request
+	for _, q := range reqs {
+		if !q.permanent && q.due && !held[q.key] {
+			due = append(due, q)
+		}
+	}
+	// Replicas scan alike; a random order spreads them over the runs.
+	rand.Shuffle(len(due), func(i, j int) { due[i], due[j] = due[j], due[i] })
+	for _, q := range due {
+		if ctx.Err() != nil {
+			return
+		}
+		s.attempt(ctx, k, q)
+	}
+}
+
+// attempt runs one due request and books how it ended.
+func (s *Resumer) attempt(ctx context.Context, k Kind, q request) {
+	log := s.log.With("job", q.job, "lock_key", q.key, "attempt", q.attempts+1)
+	// book runs a statement on run_requests after the attempt (which may have
+	// taken hours), under its own bound, also when ctx is ending.
+	book := func(f func(ctx context.Context) error) error {
+		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), requestTimeout)
+		defer cancel()
+		return f(bctx)
+	}
+	p, err := q.decode(k)
+	if err != nil {
+		log.Error("resume_gave_up", "error", err, "detail", "the recorded request does not decode")
+		s.m.gaveUp.WithLabelValues(q.job).Inc()
+		msg := "the recorded request does not decode: " + err.Error()
+		if err := book(func(ctx context.Context) error { return s.reqs.giveUp(ctx, q, msg) }); err != nil {
+			log.Warn("resume_book_failed", "error", err)
+		}
+		return
+	}
+	t := job.Trigger{Source: job.SourceResume, RequestID: q.trigger.RequestID, RequestedBy: q.trigger.RequestedBy}
+	if t.RequestID == "" {
+		t.RequestID = events.NewID()
+	}
+	if t.RequestedBy == "" {
+		t.RequestedBy = s.cfg.Runner.Replica()
+	}
+	log.Info("resume_attempt", "request_id", t.RequestID, "accepted_trigger", string(q.trigger.Source))
+	res := s.cfg.Run(ctx, k, p, t)
+	s.m.attempts.WithLabelValues(q.job, string(res.Outcome)).Inc()
+	var count bool
+	switch res.Outcome {
+	case job.OutcomeCompleted, job.OutcomeAlreadyCompleted:
+		log.Info("resume_completed", "outcome", string(res.Outcome), "fence", res.Fence)
+		return
+	case job.OutcomeFailed:
+		if !res.Retryable { // the template recorded it permanent
+			log.Error("resume_failed_permanently", "error", res.Error)
+			s.m.gaveUp.WithLabelValues(q.job).Inc()
+			return
+		}
+		count = true
+	case job.OutcomeLost:
+		// A replica shutting down (a deploy) is not the run's failure: it
+		// is tried again at once, uncounted.
+		count = ctx.Err() == nil && !strings.HasPrefix(res.Error, "ownership lost: "+ReasonShutdown)
+	}
+	delay := time.Duration(0)
+	if count {
+		delay = min(s.cfg.Interval<<min(q.attempts, 16), maxResumeBackoff)
+	}
+	var permanent bool
+	err = book(func(ctx context.Context) (err error) {
+		permanent, err = s.reqs.attempted(ctx, q, count, delay, s.cfg.MaxAttempts, res.Outcome, res.Error)
+		return err
+	})
+	switch {
+	case err != nil:
+		log.Warn("resume_book_failed", "error", err)
+	case permanent:
+		log.Error("resume_gave_up", "outcome", string(res.Outcome), "error", res.Error,
+			"detail", "attempts spent: the request is permanent; see docs/runbook.md")
+		s.m.gaveUp.WithLabelValues(q.job).Inc()
+	default:
+		log.Warn("resume_not_completed", "outcome", string(res.Outcome), "error", res.Error, "retry_in", delay)
+	}
+}
+
+// resumerMetrics are the resumer's series.
+type resumerMetrics struct {
+	oldest     *prometheus.GaugeVec
+	incomplete *prometheus.GaugeVec
+	attempts   *prometheus.CounterVec
+	gaveUp     *prometheus.CounterVec
+}
+
+func newResumerMetrics(reg prometheus.Registerer) (*resumerMetrics, error) {
+	m := &resumerMetrics{
+		oldest: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "coordinator_incomplete_run_oldest_age_seconds",
+			Help: "Age of the oldest accepted run of each kind that has not completed (run_requests, as of the resumer's last scan); 0 when none.",
+		}, []string{"job"}),
+		incomplete: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "coordinator_incomplete_runs",
+			Help: "Accepted runs of each kind not completed, as of the resumer's last scan: pending (the resumer retries them) or permanent (failed for good or attempts spent: a person must act).",
+		}, []string{"job", "state"}),
+		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "coordinator_resume_attempts_total",
+			Help: "Resume attempts of this replica by kind and outcome.",
+		}, []string{"job", "outcome"}),
+		gaveUp: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "coordinator_resume_gave_up_total",
+			Help: "Requests this replica's resumer made permanent (attempts spent, a permanent failure, or a request that no longer decodes).",
+		}, []string{"job"}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.oldest, m.incomplete, m.attempts, m.gaveUp} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("owned: register resumer metrics: %w", err)
+			}
+		}
+	}
+	return m, nil
+}
+
+// reset shows a kind's series before its first scan.
+func (m *resumerMetrics) reset(name string) {
+	m.oldest.WithLabelValues(name).Set(0)
+	m.incomplete.WithLabelValues(name, "pending").Set(0)
+	m.incomplete.WithLabelValues(name, "permanent").Set(0)
+	m.gaveUp.WithLabelValues(name)
+}
+
+func (m *resumerMetrics) observe(name string, reqs []request) {
+	var oldest float64
+	var pending, permanent int
+	for _, q := range reqs {
+		oldest = max(oldest, q.ageSeconds)
+		if q.permanent {
+			permanent++
+		} else {
+			pending++
+		}
+	}
+	m.oldest.WithLabelValues(name).Set(oldest)
+	m.incomplete.WithLabelValues(name, "pending").Set(float64(pending))
+	m.incomplete.WithLabelValues(name, "permanent").Set(float64(permanent))
+}

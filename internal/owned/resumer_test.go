@@ -1,0 +1,196 @@
+package owned_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/telco-platform/coordinator/internal/config"
+	"github.com/telco-platform/coordinator/internal/events"
+	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/owned"
+	"github.com/telco-platform/coordinator/internal/owned/ownedtest"
+	"github.com/telco-platform/coordinator/internal/ownership"
+	"github.com/telco-platform/coordinator/internal/testenv"
+)
+
+// The resumer on real Postgres: of three incomplete runs its kind lists,
+// one keeps failing for a transient cause (tried MaxAttempts times, backing
+// off, then permanent), one fails for a permanent cause (tried once, then
+// permanent), one completes (its request goes). The permanent ones page:
+// coordinator_incomplete_runs{state="permanent"} and the gave-up counter.
+func TestResumerBoundsAttemptsAndPagesPermanentFailures(t *testing.T) {
+	t.Parallel()
+	pg := testenv.Postgres(t)
+	ctx := context.Background()
+	var mu sync.Mutex
+	incomplete := map[int]bool{1: true, 2: true, 3: true}
+	w := &ownedtest.Widget{
+		Incomplete: func(context.Context) ([]owned.Incomplete, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			var out []owned.Incomplete
+			for n := range incomplete {
+				out = append(out, owned.Incomplete{Params: ownedtest.Params{N: n}, Since: time.Now().Add(-time.Hour), State: "RUNNING",
+					Trigger: job.Trigger{Source: job.SourceHTTP, RequestID: "req-widget"}})
+			}
+			return out, nil
+		},
+		Work: func(_ context.Context, _ *owned.Run, n int) (owned.Report, error) {
+			switch n {
+			case 1:
+				return owned.Report{}, owned.Retryable(errors.New("connection reset by peer"))
+			case 2:
+				return owned.Report{}, errors.New("the widget's data is wrong")
+			}
+			mu.Lock()
+			delete(incomplete, n)
+			mu.Unlock()
+			return owned.Report{}, nil
+		},
+	}
+	reg, err := owned.NewRegistry(w)
+	require.NoError(t, err)
+	l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "replica-a", WaitTime: 50 * time.Millisecond, WatchdogTimeout: 3 * time.Second})
+	defer l.Close()
+	rec := &events.Recorder{}
+	runner, err := owned.NewRunner(reg, owned.Deps{Config: config.Config{ReplicaID: "replica-a"}, DB: pg.Pool, Locker: l}, rec)
+	require.NoError(t, err)
+	prom := prometheus.NewRegistry()
+	rs, err := owned.NewResumer(owned.ResumerConfig{Runner: runner, Interval: 20 * time.Millisecond, MaxAttempts: 3,
+		Locks: l, Registerer: prom})
+	require.NoError(t, err)
+	require.Equal(t, []string{"widget"}, rs.Kinds())
+	require.NoError(t, rs.Start(ctx))
+	defer rs.Stop()
+
+	type row struct {
+		permanent bool
+		attempts  int
+		outcome   string
+	}
+	rows := func(c *assert.CollectT) map[string]row {
+		out := map[string]row{}
+		rs, err := pg.Pool.Query(ctx, `select run_key, permanent, attempts, coalesce(last_outcome, '') from run_requests where job = 'widget'`)
+		require.NoError(c, err)
+		defer rs.Close()
+		for rs.Next() {
+			var k string
+			var r row
+			require.NoError(c, rs.Scan(&k, &r.permanent, &r.attempts, &r.outcome))
+			out[k] = r
+		}
+		return out
+	}
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		got := rows(c)
+		assert.Equal(c, map[string]row{
+			"widget:1": {permanent: true, attempts: 3, outcome: "failed"},
+			"widget:2": {permanent: true, attempts: 0, outcome: "failed"},
+		}, got)
+		assert.Equal(c, 2.0, testutil.ToFloat64(mustVec(prom, "coordinator_incomplete_runs", "permanent")))
+	}, 30*time.Second, 20*time.Millisecond)
+	rs.Stop()
+
+	var ran1 int
+	for _, e := range rec.OfType(events.RunFailed) {
+		if e.Key == "widget:1" {
+			ran1++
+			require.Equal(t, true, e.Extra["retryable"])
+			require.Equal(t, string(job.SourceResume), e.Trigger)
+			require.Equal(t, "req-widget", e.RequestID, "the request's id")
+		}
+		if e.Key == "widget:2" {
+			require.Equal(t, false, e.Extra["retryable"])
+		}
+	}
+	require.Equal(t, 3, ran1, "the transient failure was tried MaxAttempts times, no more")
+	require.Len(t, rec.OfType(events.RunCompleted), 1, "widget:3 completed once and its request went")
+	require.Equal(t, 0.0, testutil.ToFloat64(mustVec(prom, "coordinator_incomplete_runs", "pending")))
+	require.GreaterOrEqual(t, testutil.ToFloat64(mustVec(prom, "coordinator_incomplete_run_oldest_age_seconds", "")), 3600.0)
+	require.Equal(t, 2.0, testutil.ToFloat64(mustVec(prom, "coordinator_resume_gave_up_total", "")))
+}
+
+// mustVec finds one series of a metric the resumer exports for job
+// "widget" (and the given state, when not empty).
+func mustVec(reg *prometheus.Registry, name, state string) prometheus.Collector {
+	return collectorFunc(func(ch chan<- prometheus.Metric) {
+		mfs, err := reg.Gather()
+		if err != nil {
+			return
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != name {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				labels := map[string]string{}
+				for _, lp := range m.GetLabel() {
+					labels[lp.GetName()] = lp.GetValue()
+				}
+				if labels["job"] != "widget" || (state != "" && labels["state"] != state) {
+					continue
+				}
+				v := m.GetGauge().GetValue()
+				if m.GetCounter() != nil {
+					v = m.GetCounter().GetValue()
+				}
+				ch <- prometheus.MustNewConstMetric(prometheus.NewDesc(name, "", nil, nil), prometheus.GaugeValue, v)
+			}
+		}
+	})
+}
+
+type collectorFunc func(chan<- prometheus.Metric)
+
+func (f collectorFunc) Describe(chan<- *prometheus.Desc)    {}
+func (f collectorFunc) Collect(ch chan<- prometheus.Metric) { f(ch) }
+
+// An attempt that runs longer than one statement's bound (5 s) is still
+// booked: its bound starts when the run ends.
+func TestResumerBooksALongAttempt(t *testing.T) {
+	t.Parallel()
+	pg := testenv.Postgres(t)
+	ctx := context.Background()
+	ran := make(chan struct{}, 10)
+	w := &ownedtest.Widget{
+		Incomplete: func(context.Context) ([]owned.Incomplete, error) {
+			return []owned.Incomplete{{Params: ownedtest.Params{N: 1}, State: "INTERRUPTED"}}, nil
+		},
+		Work: func(context.Context, *owned.Run, int) (owned.Report, error) {
+			time.Sleep(6 * time.Second) // longer than the booking bound: the behaviour under test
+			ran <- struct{}{}
+			return owned.Report{}, owned.Retryable(errors.New("connection reset by peer"))
+		},
+	}
+	reg, err := owned.NewRegistry(w)
+	require.NoError(t, err)
+	l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "replica-a", WaitTime: 50 * time.Millisecond, WatchdogTimeout: 3 * time.Second})
+	defer l.Close()
+	runner, err := owned.NewRunner(reg, owned.Deps{Config: config.Config{ReplicaID: "replica-a"}, DB: pg.Pool, Locker: l}, nil)
+	require.NoError(t, err)
+	// A long interval: the first scan makes the only attempt of this test.
+	rs, err := owned.NewResumer(owned.ResumerConfig{Runner: runner, Interval: time.Hour, MaxAttempts: 3})
+	require.NoError(t, err)
+	require.NoError(t, rs.Start(ctx))
+	defer rs.Stop()
+	select {
+	case <-ran:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the attempt did not run")
+	}
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		var attempts int
+		var outcome string
+		require.NoError(c, pg.Pool.QueryRow(ctx, `select attempts, coalesce(last_outcome, '') from run_requests where run_key = 'widget:1'`).Scan(&attempts, &outcome))
+		assert.Equal(c, 1, attempts)
+		assert.Equal(c, "failed", outcome)
+	}, 10*time.Second, 20*time.Millisecond)
+}
