@@ -35,6 +35,13 @@ func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
 		os.Exit(runHelper(os.Args[1:]))
 	}
+	// Run under nohup (SIGHUP ignored), every coordinator the tests start
+	// would inherit the ignoring and rightly leave SIGHUP alone, and the
+	// SIGHUP cases would test nohup instead. Catching it here gives the
+	// children the default disposition again (exec resets caught signals).
+	if signal.Ignored(syscall.SIGHUP) {
+		signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP)
+	}
 	code := m.Run()
 	if binDir != "" {
 		_ = os.RemoveAll(binDir)
