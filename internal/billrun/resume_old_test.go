@@ -41,3 +41,29 @@ func TestIncompleteOldPeriodStaysAdmittedForTheResumer(t *testing.T) {
 	require.NoError(t, err, "an admitted run's period is decoded again for the resumer")
 	require.Equal(t, "billrun:"+old.String(), k.LockKey(p))
 }
+
+// An adjustment asked for while the period's bill run is still incomplete
+// is refused (the caller's input); it must not overwrite the bill run's
+// pending request with a permanent one, which would stop its resumption.
+func TestRefusedAdjustmentLeavesTheBillRunsRequestPending(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	_, err := b.pool.Exec(ctx, `insert into bill_runs (period, status) values ($1, 'INTERRUPTED')`, period.String())
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `insert into run_requests (job, run_key, fields, trigger_source)
+		values ('billrun', $1, jsonb_build_object('period', $2::text), 'kafka')`, "billrun:"+period.String(), period.String())
+	require.NoError(t, err)
+
+	r := b.runner(billrun.Config{})
+	res := r.template.Run(ctx, r.kind, billrun.Request{Period: period, Adjust: true}, job.Trigger{Source: job.SourceKafka, RequestID: "adjust-early"})
+	require.Equal(t, job.OutcomeFailed, res.Outcome, res.Error)
+	require.Contains(t, res.Error, "not COMPLETED")
+
+	var permanent bool
+	var fields string
+	require.NoError(t, b.pool.QueryRow(ctx, `select permanent, fields::text from run_requests where run_key = $1`,
+		"billrun:"+period.String()).Scan(&permanent, &fields))
+	require.False(t, permanent, "the bill run's request is still pending")
+	require.NotContains(t, fields, "adjust", "and still the bill run's")
+}

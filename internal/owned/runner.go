@@ -138,6 +138,7 @@ type Owned struct {
 
 	executed atomic.Bool
 	lostSent bool // an ownership.lost ended the term in the event stream
+	badInput bool // failed on the caller's input (job.ErrBadInput): nothing to resume
 }
 
 // Fence is the claim's fence (Claimer), else the lock's.
@@ -260,6 +261,7 @@ func (o *Owned) refused(ctx context.Context, err error) {
 // fail ends a run that never held its lock as failed.
 func (o *Owned) fail(ctx context.Context, err error) job.Result {
 	o.res.Error = err.Error()
+	o.badInput = errors.Is(err, job.ErrBadInput)
 	o.run.send(ctx, events.RunFailed, 0, "", map[string]any{"error": o.res.Error})
 	o.run.log.Error("run_failed", "error", err)
 	return o.end(job.OutcomeFailed)
@@ -340,6 +342,7 @@ func (o *Owned) settle(ctx context.Context, rep Report, err, cause error) job.Ou
 	default:
 		o.res.Error = err.Error()
 		o.res.Retryable = IsRetryable(err)
+		o.badInput = errors.Is(err, job.ErrBadInput)
 		data["error"] = o.res.Error
 		data["retryable"] = o.res.Retryable
 		o.run.send(ctx, events.RunFailed, o.run.fence, "", data)
@@ -463,6 +466,10 @@ func (o *Owned) end(outcome job.Outcome) job.Result {
 //     Deferred. Unavailable from any other source is not: Kafka retries the
 //     record in place, HTTP answered 503, the CLI exited 69.
 //   - a run of the resumer itself: the resumer books its own attempts.
+//   - failed on the caller's input (job.ErrBadInput, e.g. an adjustment of
+//     a period whose bill run is not COMPLETED): nothing is recorded; the
+//     caller was told, and the key's pending request (the bill run's own)
+//     must not be overwritten by one that can never run.
 //
 // A write that fails leaves the Result not Deferred, so a Kafka trigger is
 // retried rather than committed.
@@ -474,6 +481,8 @@ func (o *Owned) settleRequest() {
 	out := o.res.Outcome
 	var permanent bool
 	switch {
+	case out == job.OutcomeFailed && o.badInput:
+		return
 	case out == job.OutcomeCompleted, out == job.OutcomeAlreadyCompleted:
 	case out == job.OutcomeFailed && !o.res.Retryable:
 		permanent = true
