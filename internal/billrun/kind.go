@@ -147,7 +147,9 @@ func (k *Kind) Decode(in owned.Input) (owned.Params, error) {
 		return nil, owned.Reject(ReasonKeyMismatch, "record key %q does not match period %q", clip(in.Key), p.String())
 	}
 	r := Request{Period: p, Force: w.Force != nil && *w.Force, Adjust: w.Adjust != nil && *w.Adjust}
-	if err := k.calendar().Admit(p, r.Force); err != nil {
+	// The resumer decodes a request admitted when it arrived: months passing
+	// since must not make it too old (closed is still checked).
+	if err := k.calendar().Admit(p, r.Force || in.Source == job.SourceResume); err != nil {
 		return nil, err
 	}
 	return r.params(), nil

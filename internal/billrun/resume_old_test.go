@@ -67,3 +67,18 @@ func TestRefusedAdjustmentLeavesTheBillRunsRequestPending(t *testing.T) {
 	require.False(t, permanent, "the bill run's request is still pending")
 	require.NotContains(t, fields, "adjust", "and still the bill run's")
 }
+
+// A request recorded for the resumer without force, for a period that has
+// passed the age limit since, is still decoded for the resumer; other
+// sources still need force.
+func TestResumerDecodesARecordedRequestPastTheAgeLimit(t *testing.T) {
+	t.Parallel()
+	k := billrun.New(billrun.Config{})
+	old := billrun.PeriodOf(time.Now().UTC().AddDate(0, -30, 0))
+	fields := map[string]json.RawMessage{"period": json.RawMessage(`"` + old.String() + `"`)}
+	_, err := k.Decode(owned.NewInput(job.SourceKafka, nil, fields, false))
+	require.ErrorContains(t, err, "period_too_old")
+	p, err := k.Decode(owned.NewInput(job.SourceResume, nil, fields, false))
+	require.NoError(t, err)
+	require.Equal(t, "billrun:"+old.String(), k.LockKey(p))
+}
