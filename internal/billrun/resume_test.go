@@ -53,7 +53,7 @@ func TestClaimRetriesADroppedConnection(t *testing.T) {
 			err := b.pool.QueryRow(ctx, `select pid from pg_stat_activity
 				where $1 = any(pg_blocking_pids(pid)) and pid <> $2 and query ilike '%insert into bill_runs%'`,
 				blockerPID, not).Scan(&pid)
-			assert.NoError(c, err, "the claim waiting for the bill_runs row")
+			require.NoError(c, err, "the claim waiting for the bill_runs row")
 		}, 30*time.Second, 10*time.Millisecond)
 		return pid
 	}
@@ -136,7 +136,7 @@ func TestPostgresDownLongerThanRetriesIsResumed(t *testing.T) {
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		st, err := r.Status(ctx, p)
 		require.NoError(c, err)
-		assert.Equal(c, billrun.StatusCompleted, st.Status)
+		require.Equal(c, billrun.StatusCompleted, st.Status)
 	}, 60*time.Second, 50*time.Millisecond)
 	rs.Stop()
 	b.requireExactlyOnce(t, p)

@@ -72,7 +72,7 @@ func TestOwnerKilledMidRunIsResumedWithoutANewTrigger(t *testing.T) {
 			var batches int
 			require.EventuallyWithT(t, func(ct *assert.CollectT) {
 				require.NoError(ct, d.pg.Pool.QueryRow(ctx, `select count(*) from bill_run_batches where period = $1`, c.period).Scan(&batches))
-				assert.Positive(ct, batches, "batches committed")
+				require.Positive(ct, batches, "batches committed")
 			}, 30*time.Second, 20*time.Millisecond)
 			owner.kill()
 			killedAt := time.Now()
@@ -220,7 +220,7 @@ func TestPostgresDownLongerThanRetriesIsResumedByAReplica(t *testing.T) {
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		var batches int
 		require.NoError(c, pool.QueryRow(ctx, `select count(*) from bill_run_batches where period = $1`, period).Scan(&batches))
-		assert.Positive(c, batches, "batches committed")
+		require.Positive(c, batches, "batches committed")
 	}, 30*time.Second, 20*time.Millisecond)
 
 	srv.Stop()

@@ -91,11 +91,11 @@ func TestResumerBoundsAttemptsAndPagesPermanentFailures(t *testing.T) {
 	}
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		got := rows(c)
-		assert.Equal(c, map[string]row{
+		require.Equal(c, map[string]row{
 			"widget:1": {permanent: true, attempts: 3, outcome: "failed"},
 			"widget:2": {permanent: true, attempts: 0, outcome: "failed"},
 		}, got)
-		assert.Equal(c, 2.0, testutil.ToFloat64(mustVec(prom, "coordinator_incomplete_runs", "permanent")))
+		require.Equal(c, 2.0, testutil.ToFloat64(mustVec(prom, "coordinator_incomplete_runs", "permanent")))
 	}, 30*time.Second, 20*time.Millisecond)
 	rs.Stop()
 
@@ -190,7 +190,7 @@ func TestResumerBooksALongAttempt(t *testing.T) {
 		var attempts int
 		var outcome string
 		require.NoError(c, pg.Pool.QueryRow(ctx, `select attempts, coalesce(last_outcome, '') from run_requests where run_key = 'widget:1'`).Scan(&attempts, &outcome))
-		assert.Equal(c, 1, attempts)
-		assert.Equal(c, "failed", outcome)
+		require.Equal(c, 1, attempts)
+		require.Equal(c, "failed", outcome)
 	}, 10*time.Second, 20*time.Millisecond)
 }
