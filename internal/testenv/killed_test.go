@@ -54,11 +54,14 @@ func TestKilledTestBinaryLeavesNoServer(t *testing.T) {
 	t.Cleanup(func() { _ = helper.Process.Kill(); _ = helper.Wait() })
 
 	lines := make(chan string, 1)
+	var out strings.Builder // the helper's other lines: its failure, if any
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
 			if l := sc.Text(); strings.HasPrefix(l, "servers ") {
 				lines <- l
+			} else {
+				out.WriteString(l + "\n")
 			}
 		}
 		close(lines)
@@ -66,7 +69,7 @@ func TestKilledTestBinaryLeavesNoServer(t *testing.T) {
 	var line string
 	select {
 	case l, ok := <-lines:
-		require.True(t, ok, "the helper exited before starting its servers")
+		require.True(t, ok, "the helper exited before starting its servers:\n%s", &out)
 		line = l
 	case <-time.After(2 * time.Minute):
 		t.Fatal("the helper did not start its servers within 2m")

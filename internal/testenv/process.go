@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -115,12 +117,48 @@ func (l *tail) String() string {
 	return strings.Join(l.lines, " | ")
 }
 
-// freeLoopbackPort returns a loopback port nothing listens on right now.
+// freeLoopbackPort returns a loopback port nothing listens on right now,
+// for a server a test starts. It is drawn below the kernel's ephemeral range
+// (ip_local_port_range): a port from that range (bound to :0 and closed)
+// can be taken by any outgoing connection on the machine before the server
+// binds it, which a busy suite with hundreds of connections does. Below the
+// range only servers that choose their own port compete, and a bound port is
+// skipped.
 func freeLoopbackPort(t testing.TB) int {
 	t.Helper()
+	if lo := ephemeralLow(); lo-serverPortFloor >= 1000 {
+		for range 100 {
+			port := serverPortFloor + rand.IntN(lo-serverPortFloor)
+			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+			if err != nil {
+				continue // in use
+			}
+			_ = l.Close()
+			return port
+		}
+	}
 	port, err := freePort()
 	if err != nil {
 		t.Fatalf("testenv: free port: %v", err)
 	}
 	return port
+}
+
+// serverPortFloor is the lowest port freeLoopbackPort draws: above the fixed
+// ports of scripts/services (15432-19095; its cluster bus ports 27001-27003
+// listen, so they are skipped).
+const serverPortFloor = 20000
+
+// ephemeralLow is the first port of the kernel's ephemeral range (32768 by
+// default), 0 if it cannot be read.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	var lo, hi int
+	if _, err := fmt.Sscan(string(b), &lo, &hi); err != nil {
+		return 0
+	}
+	return lo
 }
