@@ -152,10 +152,11 @@ type batchOut struct {
 	sample               []int64
 }
 
-// runBatch is one batch transaction: prove the fence, insert the invoices,
-// record the batch, commit. On a retry it first looks for the batch's own
-// record: a COMMIT whose answer was lost (the connection broke after the
-// server committed) must count once, not fail on its own record.
+// runBatch is one batch in one round trip: sqlBatch proves the fence,
+// inserts the invoices and records the batch, in one statement and so in
+// one implicit transaction. On a retry it first looks for the batch's own
+// record: a batch whose commit was lost from sight (the connection broke
+// after the server committed) must count once, not fail on its own record.
 func (x *execution) runBatch(ctx context.Context, b batchRange, st *runState, retry bool) (batchOut, error) {
 	var out batchOut
 	cfg := x.cfg
@@ -168,30 +169,15 @@ func (x *execution) runBatch(ctx context.Context, b batchRange, st *runState, re
 		return now
 	}
 	t := time.Now()
-	tx, err := x.pool.Begin(ctx)
+	conn, err := x.pool.Acquire(ctx)
 	if err != nil {
 		return out, err
 	}
-	defer func() {
-		rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = tx.Rollback(rbCtx) // no-op after Commit
-	}()
-	t = phase(PhaseBegin, t)
-
-	var fence int64
-	var idle string
-	err = tx.QueryRow(ctx, batchFenceSQL, period, x.fence, cfg.IdleInTransactionTimeout.String()).Scan(&fence, &idle)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return out, errFenceLost
-	}
-	if err != nil {
-		return out, err
-	}
-	t = phase(PhaseFenceCheck, t)
+	defer conn.Release()
+	t = phase(PhaseAcquire, t)
 
 	if retry {
-		err := tx.QueryRow(ctx, sqlCommittedBatch, period, b.first, x.fence).Scan(&out.subscribers, &out.created)
+		err := conn.QueryRow(ctx, sqlCommittedBatch, period, b.first, x.fence).Scan(&out.subscribers, &out.created)
 		if err == nil {
 			x.log.Info("billrun_batch_found_committed", "first_id", b.first, "last_id", b.last)
 			return out, nil
@@ -199,24 +185,18 @@ func (x *execution) runBatch(ctx context.Context, b batchRange, st *runState, re
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return out, err
 		}
+		t = phase(PhaseVerify, t)
 	}
 
-	if err := tx.QueryRow(ctx, sqlInsertInvoices, period, x.fence, b.first, b.last, cfg.ConflictSample,
-		x.cut.start, x.cut.end, x.cut.at, x.cut.zone, x.period.Days()).
-		Scan(&out.subscribers, &out.created, &out.sample); err != nil {
+	var fenced bool
+	if err := conn.QueryRow(ctx, sqlBatch, period, x.fence, b.first, b.last, cfg.ConflictSample,
+		x.cut.start, x.cut.end, x.cut.at, x.cut.zone, x.period.Days(), x.run.Replica()).
+		Scan(&fenced, &out.subscribers, &out.created, &out.sample); err != nil {
 		return out, err
 	}
-	t = phase(PhaseInsert, t)
-
-	if _, err := tx.Exec(ctx, sqlRecordBatch, period, b.first, b.last, x.fence, x.run.Replica(),
-		out.subscribers, out.created, out.subscribers-out.created); err != nil {
-		return out, err
+	phase(PhaseStatement, t)
+	if !fenced {
+		return batchOut{}, errFenceLost
 	}
-	t = phase(PhaseRecord, t)
-
-	if err := tx.Commit(ctx); err != nil {
-		return out, err
-	}
-	phase(PhaseCommit, t)
 	return out, nil
 }

@@ -55,14 +55,17 @@
 //     for P (resume). The planner streams batches to the
 //     workers through a small channel: memory does not grow with the number
 //     of subscribers.
-//  4. Workers (Workers of them) run each batch as one transaction:
-//     (a) SELECT ... FROM bill_runs WHERE period=P AND fence=F AND status='RUNNING' FOR SHARE
-//     — no row means the claim was superseded and the batch aborts;
+//  4. Workers (Workers of them) run each batch as one statement (sqlBatch),
+//     one round trip and one implicit transaction:
+//     (a) SELECT ... FROM bill_runs WHERE period=P AND fence=F AND status='RUNNING' FOR SHARE,
+//     taken before any subscriber is read — no row means the claim was
+//     superseded: nothing is written and the batch reports fence lost;
 //     (b) one INSERT ... SELECT of the range's invoices, amount = the
 //     prorated monthly fee + the period's usage charges, ON CONFLICT
 //     (subscriber_id, period) DO NOTHING RETURNING subscriber_id — subscribers minus inserted rows are
 //     already_invoiced, with a sample of their ids;
-//     (c) INSERT into bill_run_batches (range, fence, owner, counts); COMMIT.
+//     (c) INSERT into bill_run_batches (range, fence, owner, counts); the
+//     statement's end commits.
 //  5. End under the fence (sqlFinish: UPDATE ... WHERE fence=F AND
 //     status='RUNNING'): COMPLETED with the period's totals, run.completed,
 //     release (ownership.released), outcome completed. Subscribers found
@@ -117,14 +120,15 @@
 //
 // The Redis lease says who should run; Postgres decides what commits. The
 // claim's upsert needs the bill_runs row lock, which conflicts with the FOR
-// SHARE every batch transaction takes on the same row. So a batch of fence F
+// SHARE every batch statement takes on the same row. So a batch of fence F
 // either commits before the claim of F+1 takes the row, or its fence check
 // runs after that claim committed and finds no row. A process that was
 // paused past its lease (GC pause, SIGSTOP, VM migration) and wakes up after
-// a new owner claimed cannot commit a single batch: it ends lost. A paused
-// process that sits inside a transaction holding FOR SHARE is ended by
-// Postgres after IdleInTransactionTimeout, so it cannot block the new claim
-// for longer than that.
+// a new owner claimed cannot commit a single batch: it ends lost. A batch
+// holds FOR SHARE only while its one statement runs, in Postgres, whatever
+// its client does meanwhile, so a paused client cannot block the new claim.
+// (An adjustment is a transaction of several statements; a paused process
+// inside it is ended by Postgres after IdleInTransactionTimeout.)
 //
 // # What happens on failure
 //

@@ -24,11 +24,13 @@ type Metrics struct {
 
 // Batch phases timed by coordinator_billrun_batch_phase_seconds.
 const (
-	PhaseBegin      = "begin"
-	PhaseFenceCheck = "fence_check"
-	PhaseInsert     = "insert"
-	PhaseRecord     = "record"
-	PhaseCommit     = "commit"
+	// PhaseAcquire is waiting for a pool connection.
+	PhaseAcquire = "acquire"
+	// PhaseVerify is a retry's look for its batch committed unseen.
+	PhaseVerify = "verify"
+	// PhaseStatement is the batch's one round trip: fence check, invoices,
+	// batch record and the implicit commit.
+	PhaseStatement = "statement"
 )
 
 // NewMetrics creates the series and registers them on reg (nil: not registered).
@@ -44,7 +46,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"result"}),
 		phase: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "coordinator_billrun_batch_phase_seconds",
-			Help:    "Time spent in each phase of a batch transaction (begin, fence_check, insert, record, commit).",
+			Help:    "Time spent in each phase of a batch (acquire: a pool connection; verify: a retry's look for its batch committed unseen; statement: the one round trip that checks the fence, inserts the invoices, records the batch and commits).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 12),
 		}, []string{"phase"}),
 		invoices: prometheus.NewCounter(prometheus.CounterOpts{

@@ -25,7 +25,7 @@ func TestMetrics(t *testing.T) {
 	require.Equal(t, float64((seeded.Active+49)/50), value(t, reg, "coordinator_billrun_batches_total", "committed"))
 	require.Equal(t, float64(seeded.Active), value(t, reg, "coordinator_billrun_invoices_created_total", ""))
 	require.Equal(t, 0.0, value(t, reg, "coordinator_billrun_running", ""))
-	require.Equal(t, float64((seeded.Active+49)/50), value(t, reg, "coordinator_billrun_batch_phase_seconds", billrun.PhaseInsert))
+	require.Equal(t, float64((seeded.Active+49)/50), value(t, reg, "coordinator_billrun_batch_phase_seconds", billrun.PhaseStatement))
 
 	// A nil *Metrics records nothing and does not panic; unregistered ones are fine.
 	require.Equal(t, job.OutcomeAlreadyCompleted, b.runner(billrun.Config{}).Run(context.Background(), period, trig()).Outcome)

@@ -4,14 +4,12 @@ package billrun
 
 // DELIBERATELY UNSAFE: built only for the chaos verifier's sabotage pass
 // (`go build -tags chaos_sabotage`, see internal/chaos). A bill run ignores
-// the loss of its lease, and the batch "fence check" returns the caller's
-// own fence without looking at bill_runs, so a paused, stale owner keeps
+// the loss of its lease, and the batch statement's "fence check" returns the
+// caller's own fence without looking at bill_runs, so a paused, stale owner keeps
 // committing batches after a newer owner claimed the period. The marker
 // chaos_sabotage_build in the SQL lets tests find this build in a binary.
 const (
 	sabotaged     = true
 	batchFenceSQL = `/* chaos_sabotage_build: no fence check */
-select $2::bigint, set_config('idle_in_transaction_session_timeout', $3, true)
-from bill_runs r
-where r.period = $1`
+with fenced as materialized (select $2::bigint as fence)`
 )

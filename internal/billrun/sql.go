@@ -99,7 +99,7 @@ from bill_runs r
 where r.period = $1`
 
 // The period's population, in sqlCountToPlan, sqlNextBatch and
-// sqlInsertInvoices alike (keep the three predicates in step): subscribers
+// sqlBatch alike (keep the three predicates in step): subscribers
 // created by the cutoff, activated before the period's end (or NULL: since
 // before any period), not deactivated by its start (deactivated_at NULL or
 // later than the start), and not deactivated by status alone (a status other
@@ -148,41 +148,55 @@ from (select s.id from subscribers s
       order by s.id
       limit $3) s`
 
-// sqlFenceCheck proves, inside a batch transaction, that the claim is still
-// ours: the row lock FOR SHARE conflicts with a new claim's upsert, so either
-// this transaction commits before any new claim, or it finds no row and
-// aborts. It also bounds how long a paused process may sit idle inside the
-// transaction holding that lock ($3, e.g. '10s').
+// sqlBatchFence is the first part of sqlBatch: it proves that the claim is
+// still ours. The row lock FOR SHARE conflicts with a new claim's upsert, so
+// either the batch commits before any new claim, or it finds no row and
+// writes nothing. It is taken before any subscriber is read (a one-time
+// filter on the population), and held only while the statement runs: the
+// batch is one statement in its own implicit transaction, so no paused
+// client can sit on the lock between statements.
 //
-// $1 period, $2 claim fence, $3 idle-in-transaction timeout.
-const sqlFenceCheck = `
-select r.fence, set_config('idle_in_transaction_session_timeout', $3, true)
-from bill_runs r
-where r.period = $1 and r.fence = $2 and r.status = 'RUNNING'
-for share`
+// $1 period, $2 claim fence.
+const sqlBatchFence = `
+with fenced as materialized (
+    select r.fence from bill_runs r
+    where r.period = $1 and r.fence = $2 and r.status = 'RUNNING'
+    for share
+)`
 
-// sqlInsertInvoices bills one id range of the period's population,
-// set-based: amount = the monthly fee prorated to the days the subscriber
-// was active (monthly_fee_cents * active_days / days_in_month, rounded half
-// up to the cent; a full month is exactly the fee) + the period's usage
-// charges, and usage_cents = that usage. A day (in the billing zone) counts
-// when the subscriber was active for any part of it: from the day of
-// activated_at (day 1 when NULL or before the period) to the day before
-// deactivated_at's instant (a deactivation at midnight does not count the
-// day it begins; the last day when NULL or after the period). Subscribers
-// already invoiced for the period are skipped by ON CONFLICT and counted; a
-// sample of their ids ($5 at most) comes back only when there are any.
+// sqlBatch is one batch in one round trip and one implicit transaction:
+// the fence check (sqlBatchFence), the invoices of one id range of the
+// period's population, and the batch's record in bill_run_batches under
+// the claim's fence. When the fence is no longer ours, nothing is written
+// and fenced comes back false.
+//
+// The invoices, set-based: amount = the monthly fee prorated to the days
+// the subscriber was active (monthly_fee_cents * active_days /
+// days_in_month, rounded half up to the cent; a full month is exactly the
+// fee) + the period's usage charges, and usage_cents = that usage. A day
+// (in the billing zone) counts when the subscriber was active for any part
+// of it: from the day of activated_at (day 1 when NULL or before the
+// period) to the day before deactivated_at's instant (a deactivation at
+// midnight does not count the day it begins; the last day when NULL or
+// after the period). Subscribers already invoiced for the period are
+// skipped by ON CONFLICT and counted; a sample of their ids ($5 at most)
+// comes back only when there are any.
 //
 // The shape is chosen to keep its plan good without statistics (a fresh
 // table, a generic plan): usage is one index-only probe per subscriber on
 // usage_charges_sub_period, and the sample is a hashed EXCEPT, so nothing
 // degrades to a nested loop over the whole range.
 //
+// A batch that committed unseen (the connection broke after the server
+// committed) and is sent again fails on its own record's primary key
+// (period, first_id) and writes nothing; the retry finds that record first
+// (sqlCommittedBatch).
+//
 // $1 period, $2 claim fence, $3 first id, $4 last id, $5 sample size,
 // $6 period start, $7 period end, $8 cutoff, $9 billing zone, $10 days in
-// the period.
-const sqlInsertInvoices = `
-with pop as materialized (
+// the period, $11 owner.
+const sqlBatch = batchFenceSQL + `,
+pop as materialized (
     select s.id, s.monthly_fee_cents,
            case when s.activated_at is null or s.activated_at <= $6 then 1
                 else extract(day from s.activated_at at time zone $9)::int end as first_day,
@@ -191,7 +205,8 @@ with pop as materialized (
            coalesce((select sum(u.amount_cents) from usage_charges u
                      where u.subscriber_id = s.id and u.period = $1), 0) as usage
     from subscribers s
-    where s.id between $3 and $4
+    where exists (select from fenced)
+      and s.id between $3 and $4
       and s.created_at <= $8
       and (s.activated_at is null or s.activated_at < $7)
       and (s.deactivated_at is null or s.deactivated_at > $6)
@@ -208,8 +223,17 @@ ins as (
     on conflict (subscriber_id, period) do nothing
     returning subscriber_id
 ),
-n as materialized (select (select count(*) from src) as subscribers, (select count(*) from ins) as created)
-select n.subscribers, n.created,
+n as materialized (
+    select (select count(*) from fenced) > 0 as fenced,
+           (select count(*) from src)        as subscribers,
+           (select count(*) from ins)        as created
+),
+rec as (
+    insert into bill_run_batches (period, first_id, last_id, fence, owner, subscribers, invoices_created, already_invoiced)
+    select $1, $3, $4, $2, $11, n.subscribers, n.created, n.subscribers - n.created
+    from n where n.fenced
+)
+select n.fenced, n.subscribers, n.created,
        case when n.subscribers > n.created then
            (select array_agg(id order by id)
             from (select id from (select id from src except select subscriber_id from ins) c
@@ -224,14 +248,6 @@ from n`
 const sqlCommittedBatch = `
 select subscribers, invoices_created from bill_run_batches
 where period = $1 and first_id = $2 and fence = $3`
-
-// sqlRecordBatch marks one range committed under the claim's fence.
-//
-// $1 period, $2 first id, $3 last id, $4 fence, $5 owner, $6 subscribers,
-// $7 invoices created, $8 already invoiced.
-const sqlRecordBatch = `
-insert into bill_run_batches (period, first_id, last_id, fence, owner, subscribers, invoices_created, already_invoiced)
-values ($1, $2, $3, $4, $5, $6, $7, $8)`
 
 // sqlFinish ends the run under its fence: status $3 (COMPLETED, FAILED,
 // INTERRUPTED), last_error $4 (NULL when none) and the period's totals

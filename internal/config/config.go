@@ -130,7 +130,7 @@ type Config struct {
 
 	// BillrunSchedule bills the previous month when it fires. Default empty (off).
 	BillrunSchedule string
-	// BillrunBatchSize is subscribers per batch transaction. Default 1000.
+	// BillrunBatchSize is subscribers per batch transaction. Default 2500 (billrun.DefaultBatchSize).
 	BillrunBatchSize int
 	// BillrunWorkers is the batch worker pool size. Default 4.
 	BillrunWorkers int
@@ -390,7 +390,7 @@ func settings() []setting {
 			}},
 		{env: "COORDINATOR_BILLRUN_SCHEDULE", flag: "billrun-schedule", usage: "cron spec that bills the previous month; empty disables", def: lit(""),
 			apply: func(c *Config, v string) error { c.BillrunSchedule = v; return checkSchedule(v) }},
-		{env: "COORDINATOR_BILLRUN_BATCH_SIZE", flag: "billrun-batch-size", usage: "subscribers per batch transaction", def: lit("1000"),
+		{env: "COORDINATOR_BILLRUN_BATCH_SIZE", flag: "billrun-batch-size", usage: "subscribers per batch transaction", def: lit("2500"),
 			apply: func(c *Config, v string) (err error) { c.BillrunBatchSize, err = positiveInt(v, 100000); return err }},
 		{env: "COORDINATOR_BILLRUN_WORKERS", flag: "billrun-workers", usage: "concurrent batch transactions", def: lit("4"),
 			apply: func(c *Config, v string) (err error) { c.BillrunWorkers, err = positiveInt(v, 256); return err }},
