@@ -87,7 +87,7 @@ func (x *execution) runBatchRetrying(ctx context.Context, b batchRange, st *runS
 				attribute.String("error", err.Error())))
 		}
 		if ctx.Err() != nil {
-			return nil // lost or shutdown: the transaction rolled back
+			return nil // lost or shutdown: the batch rolled back, or committed under the fence unseen (the status sums bill_run_batches)
 		}
 		if errors.Is(err, errFenceLost) {
 			cfg.Metrics.batch("fence_lost", 1)
@@ -192,7 +192,18 @@ func (x *execution) runBatch(ctx context.Context, b batchRange, st *runState, re
 	if err := conn.QueryRow(ctx, sqlBatch, period, x.fence, b.first, b.last, cfg.ConflictSample,
 		x.cut.start, x.cut.end, x.cut.at, x.cut.zone, x.period.Days(), x.run.Replica()).
 		Scan(&fenced, &out.subscribers, &out.created, &out.sample); err != nil {
-		return out, err
+		// The range's record exists under our fence: an earlier try of this
+		// batch was still running when this one was sent and has committed
+		// since (the key check waited for it). Count it once, not as an
+		// escaped unique violation.
+		if postgres.ConstraintName(err) == "bill_run_batches_pkey" {
+			var found batchOut
+			if e := conn.QueryRow(ctx, sqlCommittedBatch, period, b.first, x.fence).Scan(&found.subscribers, &found.created); e == nil {
+				x.log.Info("billrun_batch_found_committed", "first_id", b.first, "last_id", b.last)
+				return found, nil
+			}
+		}
+		return batchOut{}, err
 	}
 	phase(PhaseStatement, t)
 	if !fenced {

@@ -117,7 +117,7 @@ func newBenchEnv(b *testing.B) *benchEnv {
 // reset empties the outputs and checkpoints, so every timed part starts alike.
 func (e *benchEnv) reset() {
 	ctx := context.Background()
-	_, err := e.pg.Pool.Exec(ctx, `truncate invoices, bill_run_batches, bill_run_adjustments, bill_runs`)
+	_, err := e.pg.Pool.Exec(ctx, `truncate invoices, bill_run_batches, bill_run_adjustments, bill_run_totals, bill_runs`)
 	require.NoError(e.b, err)
 	_, err = e.pg.Pool.Exec(ctx, `checkpoint`)
 	require.NoError(e.b, err)

@@ -243,3 +243,53 @@ func TestEachBatchIsASpan(t *testing.T) {
 	require.Equal(t, map[string]int{run: int(res.Counts["batches_committed"])}, parents, "one span per batch, children of the run")
 	require.Equal(t, res.Counts["subscribers"], rows)
 }
+
+// A batch in flight holds the bill_runs row FOR SHARE (its fence check),
+// and with several workers one nearly always is: storing the run's total
+// must not wait for them. It used to be an UPDATE of that row, which
+// waited until no batch held it (on 1M subscribers and 4 workers: never,
+// until its 5 s bound; the status showed no total for the whole run).
+func TestTotalIsStoredWhileBatchesHoldTheClaim(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.seed(t, billrun.SeedConfig{Subscribers: 100})
+	reached, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) }) // a failure below must not leave the run waiting
+	done := make(chan job.Result, 1)
+	go func() {
+		done <- b.runner(billrun.WithBeforeBatch(billrun.Config{BatchSize: 25, Workers: 1}, pauseAt(2, reached, release))).
+			Run(context.Background(), period, trig())
+	}()
+	<-reached // one batch committed, the second waits: the run is RUNNING
+	st, err := billrun.ReadStatus(context.Background(), b.pool, period)
+	require.NoError(t, err)
+	require.Equal(t, billrun.StatusRunning, st.Status)
+
+	inFlight, err := b.pool.Begin(context.Background()) // a batch of this claim, in flight
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = inFlight.Rollback(context.Background()) })
+	_, err = inFlight.Exec(context.Background(), `select 1 from bill_runs where period = $1 and fence = $2 for share`, period.String(), st.Fence)
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second) // the bound is the behaviour: it must not wait
+	defer cancel()
+	require.NoError(t, billrun.RecordTotal(ctx, b.pool, period, st.Fence, 77), "storing the total waited for a batch's FOR SHARE")
+	st, err = billrun.ReadStatus(context.Background(), b.pool, period)
+	require.NoError(t, err)
+	require.Equal(t, int64(77), ptr(st.Progress.BatchesTotal))
+
+	// Under a stale fence nothing is stored.
+	require.NoError(t, billrun.RecordTotal(ctx, b.pool, period, st.Fence-1, 5))
+	st, err = billrun.ReadStatus(context.Background(), b.pool, period)
+	require.NoError(t, err)
+	require.Equal(t, int64(77), ptr(st.Progress.BatchesTotal))
+
+	require.NoError(t, inFlight.Rollback(context.Background()))
+	releaseOnce.Do(func() { close(release) })
+	res := <-done
+	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
+	st, err = billrun.ReadStatus(context.Background(), b.pool, period)
+	require.NoError(t, err)
+	require.Equal(t, 100.0, ptr(st.Progress.Percent))
+}

@@ -37,7 +37,7 @@ type SeedResult struct {
 	UsageCharges int64 `json:"usage_charges"`
 }
 
-const sqlSeedReset = `truncate invoice_adjustments, bill_run_adjustments, bill_run_batches, bill_runs, invoices, usage_charges, subscribers`
+const sqlSeedReset = `truncate invoice_adjustments, bill_run_adjustments, bill_run_batches, bill_run_totals, bill_runs, invoices, usage_charges, subscribers`
 
 // sqlSeed creates subscribers $1..$2 in one set-based statement (no per-row
 // round trips) and usage charges for the ones it created.

@@ -75,19 +75,21 @@ order by period`
 
 // sqlStatus reads a period's row with totals summed from its committed
 // batches, and for its progress: the batches and subscribers of the latest
-// claim (fence) and the seconds it has run, by the database's clock; then
+// claim (fence) and the seconds it has run, by the database's clock, and
+// its total (bill_run_totals; bill_runs.batches_total once finished); then
 // the population cutoff and the period's adjustment runs, if any.
 const sqlStatus = `
 select r.period, r.status, coalesce(r.owner, ''), r.fence, r.lock_fence, r.attempts,
        r.started_at, r.finished_at, r.updated_at, coalesce(r.last_error, ''),
        coalesce(r.requested_by, ''), coalesce(r.principal, ''), coalesce(r.request_id, ''), coalesce(r.trigger_source, ''),
        t.batches, t.subscribers, t.created, t.already,
-       r.batches_total, t.fence_batches, t.fence_subscribers,
+       coalesce(tot.batches_total, r.batches_total), t.fence_batches, t.fence_subscribers,
        coalesce(extract(epoch from coalesce(r.finished_at, clock_timestamp()) - r.started_at), 0)::float8,
        r.period_start, r.period_end, r.billing_tz, r.cutoff_at,
        a.status, a.fence, a.adjustments, a.amount_cents, a.finished_at
 from bill_runs r
-     left join bill_run_adjustments a on a.period = r.period,
+     left join bill_run_adjustments a on a.period = r.period
+     left join bill_run_totals tot on tot.period = r.period and tot.fence = r.fence,
      lateral (select count(*)                           as batches,
                      coalesce(sum(b.subscribers), 0)      as subscribers,
                      coalesce(sum(b.invoices_created), 0) as created,
@@ -120,13 +122,19 @@ select (select count(*) from subscribers s
           and (s.status = 'ACTIVE' or s.deactivated_at is not null))
      - (select coalesce(sum(subscribers), 0) from bill_run_batches where period = $1)`
 
-// sqlRecordTotal stores the run's batches_total (the progress denominator)
-// while the claim is ours.
+// sqlRecordTotal stores the run's batches total (the progress
+// denominator) in bill_run_totals while the claim is ours. Not an UPDATE of
+// bill_runs: that would wait for every batch holding the row FOR SHARE.
+// A total of an older claim never replaces a newer one's.
 //
 // $1 period, $2 claim fence, $3 batches in all.
 const sqlRecordTotal = `
-update bill_runs set batches_total = $3
-where period = $1 and fence = $2 and status = 'RUNNING'`
+insert into bill_run_totals as t (period, fence, batches_total)
+select $1, $2, $3
+where exists (select from bill_runs where period = $1 and fence = $2 and status = 'RUNNING')
+on conflict (period) do update
+set fence = excluded.fence, batches_total = excluded.batches_total
+where t.fence <= excluded.fence`
 
 // sqlCommittedRanges lists the batches already committed for a period (the
 // resume point).
@@ -188,9 +196,11 @@ with fenced as materialized (
 // degrades to a nested loop over the whole range.
 //
 // A batch that committed unseen (the connection broke after the server
-// committed) and is sent again fails on its own record's primary key
-// (period, first_id) and writes nothing; the retry finds that record first
-// (sqlCommittedBatch).
+// committed, or while it still ran: the server finishes a statement whose
+// client is gone) and is sent again fails on its own record's primary key
+// (period, first_id) and writes nothing; the retry looks for that record
+// (sqlCommittedBatch) before it sends the batch, and again after such a
+// conflict.
 //
 // $1 period, $2 claim fence, $3 first id, $4 last id, $5 sample size,
 // $6 period start, $7 period end, $8 cutoff, $9 billing zone, $10 days in

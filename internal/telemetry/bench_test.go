@@ -228,7 +228,7 @@ func BenchmarkTracingBillRun(b *testing.B) {
 		require.NoError(b, err)
 	}
 	one := func(name string) time.Duration {
-		_, err := pg.Pool.Exec(ctx, `truncate invoices, bill_run_batches, bill_run_adjustments, bill_runs`)
+		_, err := pg.Pool.Exec(ctx, `truncate invoices, bill_run_batches, bill_run_adjustments, bill_run_totals, bill_runs`)
 		require.NoError(b, err)
 		_, err = pg.Pool.Exec(ctx, `checkpoint`)
 		require.NoError(b, err)
