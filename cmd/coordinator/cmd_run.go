@@ -184,7 +184,7 @@ func printResult(cio cliIO, res job.Result) int {
 		return job.ExitFailed
 	}
 	fmt.Fprintln(cio.stdout, string(b))
-	return res.Outcome.ExitCode()
+	return res.ExitCode()
 }
 
 func currentUser() string {

@@ -42,9 +42,18 @@ func TestSeedAndRunBillrun(t *testing.T) {
 	require.Equal(t, 0, code, errs)
 	require.Contains(t, out, `"subscribers":0`)
 
+	// Nothing to adjust before the bill run: refused on the caller's input (64), not a failure (1).
+	code, out, errs = runCLI(t, env("cli-a"), "run", "billrun", "--period", latest, "--adjust")
+	require.Equal(t, job.ExitUsage, code, errs)
+	var res job.Result
+	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
+	require.Equal(t, job.OutcomeFailed, res.Outcome)
+	require.True(t, res.BadInput, out)
+	require.Contains(t, res.Error, "has no bill run")
+
 	code, out, errs = runCLI(t, env("cli-a"), "run", "billrun", "--period", latest, "--request-id", "r-1")
 	require.Equal(t, job.ExitOK, code, errs)
-	var res job.Result
+	res = job.Result{}
 	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
 	require.Equal(t, job.OutcomeCompleted, res.Outcome)
 	require.Equal(t, "billrun", res.Job)

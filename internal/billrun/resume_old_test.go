@@ -59,6 +59,8 @@ func TestRefusedAdjustmentLeavesTheBillRunsRequestPending(t *testing.T) {
 	res := r.template.Run(ctx, r.kind, billrun.Request{Period: period, Adjust: true}, job.Trigger{Source: job.SourceKafka, RequestID: "adjust-early"})
 	require.Equal(t, job.OutcomeFailed, res.Outcome, res.Error)
 	require.Contains(t, res.Error, "not COMPLETED")
+	require.True(t, res.BadInput, "refused on the caller's input")
+	require.Equal(t, job.ExitUsage, res.ExitCode())
 
 	var permanent bool
 	var fields string

@@ -598,6 +598,11 @@ func (a *API) writeResult(w http.ResponseWriter, r *http.Request, res job.Result
 		p.Owner = res.Owner
 		retry = 5
 	default:
+		if res.BadInput {
+			p = newProblem(http.StatusUnprocessableEntity, CodeBadInput, withCause("the run was refused", res.Error))
+			p.Reason = "bad_input"
+			break
+		}
 		p = newProblem(http.StatusInternalServerError, CodeRunFailed, withCause("the run failed", res.Error))
 		p.Reason = string(res.Outcome)
 	}

@@ -91,6 +91,9 @@ func (f *fakeDispatcher) Start(_ context.Context, k owned.Kind, p owned.Params, 
 		res.Error = "dial tcp 127.0.0.1:1: connection refused"
 	case job.OutcomeFailed:
 		res.Error = "batch 3: boom"
+		if period == "2026-05" {
+			res.Error, res.BadInput = "bad input: period 2026-05's bill run is RUNNING, not COMPLETED: finish it first", true
+		}
 	}
 	return res, false, nil
 }
@@ -194,6 +197,7 @@ func setup(t *testing.T, mod func(*httpapi.Config)) bundle {
 		"2026-02": job.OutcomeAlreadyOwned,
 		"2026-03": job.OutcomeUnavailable,
 		"2026-04": job.OutcomeFailed,
+		"2026-05": job.OutcomeFailed, // on the caller's input (BadInput)
 	}}
 	reg := prometheus.NewRegistry()
 	logs := &syncBuffer{}
@@ -450,6 +454,7 @@ func TestPostBillRun(t *testing.T) {
 		{"already owned", `{"period":"2026-02"}`, http.StatusConflict, httpapi.CodeLockAcquisitionFailed, "already_owned", "r2", "billrun:2026-02"},
 		{"unavailable", `{"period":"2026-03"}`, http.StatusServiceUnavailable, httpapi.CodeLockAcquisitionFailed, "unavailable", "", "billrun:2026-03"},
 		{"failed", `{"period":"2026-04"}`, http.StatusInternalServerError, httpapi.CodeRunFailed, "failed", "", "billrun:2026-04"},
+		{"failed on the caller's input", `{"period":"2026-05","adjust":true}`, http.StatusUnprocessableEntity, httpapi.CodeBadInput, "bad_input", "", "billrun:2026-05"},
 		{"bad period", `{"period":"2026-13"}`, http.StatusBadRequest, httpapi.CodeBadInput, "bad_period", "", ""},
 		{"missing period", `{}`, http.StatusBadRequest, httpapi.CodeBadInput, "missing_period", "", ""},
 		{"empty body", ``, http.StatusBadRequest, httpapi.CodeBadInput, "missing_period", "", ""},

@@ -57,6 +57,15 @@ const (
 	ExitLost         = 76
 )
 
+// ExitCode is the process exit code of a result: its outcome's, except
+// ExitUsage for a run that failed on its caller's input.
+func (r Result) ExitCode() int {
+	if r.Outcome == OutcomeFailed && r.BadInput {
+		return ExitUsage
+	}
+	return r.Outcome.ExitCode()
+}
+
 // ExitCode maps an outcome to the process exit code.
 func (o Outcome) ExitCode() int {
 	switch o {
@@ -100,6 +109,11 @@ type Result struct {
 	// Postgres (run_requests) for the resumer: the trigger is finished with,
 	// the resumer owes the completed run.
 	Deferred bool `json:"deferred,omitempty"`
+	// BadInput says a failed run failed on its caller's input (an error
+	// wrapping ErrBadInput, e.g. an adjustment of a period whose bill run
+	// has not COMPLETED): nothing ran that a retry would change. The CLI
+	// exits 64 and HTTP answers 422 for it, not 1 and 500.
+	BadInput bool `json:"bad_input,omitempty"`
 	// Resumable says the kind has a resumer (its Worker is an
 	// owned.Resumable).
 	Resumable bool `json:"-"`

@@ -436,6 +436,7 @@ func (o *Owned) lostAfterRun(ctx context.Context, reason string) {
 // Resumable kind), records metrics and tells an Observer.
 func (o *Owned) end(outcome job.Outcome) job.Result {
 	o.res.Outcome = outcome
+	o.res.BadInput = outcome == job.OutcomeFailed && o.badInput
 	o.settleRequest()
 	took := time.Since(o.start)
 	o.res.DurationMS = took.Milliseconds()
