@@ -32,14 +32,7 @@ func TestClusterReleaseWakesTheWaitingLocker(t *testing.T) {
 	for _, key := range []string{"w1", "w2", "w3", "w4"} {
 		held, err := holder.Acquire(ctx, key, 0)
 		require.NoError(t, err)
-		got := make(chan error, 1)
-		go func() {
-			le, err := waiter.Acquire(ctx, key, 0)
-			if err == nil {
-				err = le.Release(ctx)
-			}
-			got <- err
-		}()
+		got := acquireAndRelease(ctx, waiter, key)
 		require.Eventually(t, func() bool {
 			n, err := admin.ZCard(ctx, prefix+":{"+key+"}:queue").Result()
 			return err == nil && n == 1

@@ -74,15 +74,8 @@ func TestRedisRestart(t *testing.T) {
 	// the TTL; with it, it wakes at once.
 	long, err := a.Acquire(ctx, "job", 30*time.Second)
 	require.NoError(t, err)
-	got := make(chan error, 1)
 	start := time.Now()
-	go func() {
-		le, err := b.Acquire(ctx, "job", 0)
-		if err == nil {
-			err = le.Release(ctx)
-		}
-		got <- err
-	}()
+	got := acquireAndRelease(ctx, b, "job")
 	time.AfterFunc(100*time.Millisecond, func() { _ = long.Release(ctx) })
 	require.NoError(t, <-got)
 	require.Less(t, time.Since(start), 10*time.Second, "the waiter slept on the TTL: no release message")

@@ -45,14 +45,7 @@ func TestHandOffNamesWithColons(t *testing.T) {
 
 	held, err := holder.Acquire(ctx, key, 0)
 	require.NoError(t, err)
-	got := make(chan error, 1)
-	go func() {
-		le, err := waiter.Acquire(ctx, key, 0)
-		if err == nil {
-			err = le.Release(ctx)
-		}
-		got <- err
-	}()
+	got := acquireAndRelease(ctx, waiter, key)
 	queue := prefix + ":{" + key + "}:queue"
 	require.Eventually(t, func() bool {
 		n, err := env.Client.ZCard(ctx, queue).Result()

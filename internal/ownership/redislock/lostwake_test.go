@@ -42,14 +42,7 @@ func TestLostWakeMessageDelaysTheWaiterOnly(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return wakes() == 1 }, 10*time.Second, 10*time.Millisecond, "the waiter subscribed")
 
-	got := make(chan error, 1)
-	go func() {
-		le, err := waiter.Acquire(ctx, "lostwake", 0)
-		if err == nil {
-			err = le.Release(ctx)
-		}
-		got <- err
-	}()
+	got := acquireAndRelease(ctx, waiter, "lostwake")
 	queue := env.Prefix + ":{lostwake}:queue"
 	require.Eventually(t, func() bool {
 		n, err := env.Client.ZCard(ctx, queue).Result()

@@ -62,6 +62,21 @@ func waitingLocker(t *testing.T, url, prefix, owner, key string, wait time.Durat
 	return l, h
 }
 
+// acquireAndRelease takes key with l in the background (waiting as long as
+// l's wait budget allows) and releases it at once; the error, or nil, comes
+// on the channel.
+func acquireAndRelease(ctx context.Context, l *redislock.Locker, key string) <-chan error {
+	got := make(chan error, 1)
+	go func() {
+		le, err := l.Acquire(ctx, key, 0)
+		if err == nil {
+			err = le.Release(ctx)
+		}
+		got <- err
+	}()
+	return got
+}
+
 func waitAsked(t *testing.T, h *askHook, who string) {
 	t.Helper()
 	select {
@@ -211,14 +226,7 @@ func TestDeadWaiterDoesNotStarveTheQueue(t *testing.T) {
 	require.Equal(t, "queued", lines.Text())
 
 	live, h := waitingLocker(t, env.URL, env.Prefix, "live", "dead", 20*time.Second)
-	got := make(chan error, 1)
-	go func() {
-		le, err := live.Acquire(ctx, "dead", 0)
-		if err == nil {
-			err = le.Release(ctx)
-		}
-		got <- err
-	}()
+	got := acquireAndRelease(ctx, live, "dead")
 	waitAsked(t, h, "the live waiter")
 	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
 	_ = cmd.Wait()

@@ -53,15 +53,11 @@ func (h *orderHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 	return next
 }
 
-// Two goroutines share a lease through its context (a reentrant hold each)
-// and give their holds up at the same moment. The last release deletes the
-// lock in Redis before the other one's hold-count update arrives there; that
-// update then finds no lock. Neither hold was lost: both Releases succeed
-// and the lease ends released, not lost.
-func TestConcurrentReleasesOfReentrantHolds(t *testing.T) {
-	t.Parallel()
+// hookedLocker is a Locker of owner "a" whose Redis commands pass through
+// an orderHook, so a test can order them.
+func hookedLocker(t *testing.T) (*testenv.RedisEnv, *redislock.Locker, *orderHook) {
+	t.Helper()
 	env := testenv.Redis(t)
-	ctx := context.Background()
 	client, err := redislock.NewClient(env.URL, redislock.ModeSingle)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = client.Close() })
@@ -70,6 +66,18 @@ func TestConcurrentReleasesOfReentrantHolds(t *testing.T) {
 	l, err := redislock.New(client, redislock.Config{Prefix: env.Prefix, Owner: "a", WatchdogTimeout: 30 * time.Second})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close() })
+	return env, l, h
+}
+
+// Two goroutines share a lease through its context (a reentrant hold each)
+// and give their holds up at the same moment. The last release deletes the
+// lock in Redis before the other one's hold-count update arrives there; that
+// update then finds no lock. Neither hold was lost: both Releases succeed
+// and the lease ends released, not lost.
+func TestConcurrentReleasesOfReentrantHolds(t *testing.T) {
+	t.Parallel()
+	env, l, h := hookedLocker(t)
+	ctx := context.Background()
 
 	outer, err := l.Acquire(ctx, "shared", 0)
 	require.NoError(t, err)
@@ -112,16 +120,8 @@ func TestConcurrentReleasesOfReentrantHolds(t *testing.T) {
 // owner released it: it was not lost.
 func TestReentryRacingTheLastRelease(t *testing.T) {
 	t.Parallel()
-	env := testenv.Redis(t)
+	_, l, h := hookedLocker(t)
 	ctx := context.Background()
-	client, err := redislock.NewClient(env.URL, redislock.ModeSingle)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = client.Close() })
-	h := &orderHook{before: map[string]func(){}, after: map[string]func(){}}
-	client.AddHook(h)
-	l, err := redislock.New(client, redislock.Config{Prefix: env.Prefix, Owner: "a", WatchdogTimeout: 30 * time.Second})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = l.Close() })
 
 	outer, err := l.Acquire(ctx, "racing", 0)
 	require.NoError(t, err)
