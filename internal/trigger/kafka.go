@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -642,6 +643,13 @@ func (c *KafkaConsumer) process(rec *kgo.Record) bool {
 	if err != nil {
 		c.log.Warn("trigger_handler_error", "topic", rec.Topic, "offset", rec.Offset, "request_id", t.RequestID, "error", err)
 		return false
+	}
+	if res.Outcome == job.OutcomeFailed && res.BadInput {
+		// Decoded, but refused by the run itself (an adjustment of a period
+		// whose bill run has not COMPLETED): as wrong on every redelivery as a
+		// record that does not decode, so it goes to the DLQ like one.
+		return c.reject(rec, k, owned.Reject(owned.ReasonBadInput, "%s",
+			strings.TrimPrefix(res.Error, job.ErrBadInput.Error()+": ")))
 	}
 	return res.Handled()
 }

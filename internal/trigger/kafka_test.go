@@ -41,6 +41,9 @@ type fakeHandler struct {
 	entered chan struct{} // BillRun sends here before blocking
 	ctxErrs []error
 	changed chan struct{}
+	// failedOnInput: a failed outcome is one on the caller's input
+	// (job.Result.BadInput).
+	failedOnInput bool
 }
 
 func newFake(outcome func(n int, c call) job.Outcome) *fakeHandler {
@@ -64,6 +67,8 @@ func (f *fakeHandler) Run(ctx context.Context, k owned.Kind, p owned.Params, t j
 	switch v := p.(type) {
 	case billrun.Period:
 		c.period = v.String()
+	case billrun.Request:
+		c.period = v.Period.String()
 	case ownedtest.Params:
 		c.n = v.N
 	}
@@ -79,7 +84,11 @@ func (f *fakeHandler) Run(ctx context.Context, k owned.Kind, p owned.Params, t j
 			return job.Result{Outcome: job.OutcomeLost}, nil
 		}
 	}
-	return job.Result{Job: c.job, Outcome: f.record(c)}, nil
+	res := job.Result{Job: c.job, Outcome: f.record(c)}
+	if res.Outcome == job.OutcomeFailed && f.failedOnInput {
+		res.BadInput, res.Error = true, "bad input: period "+c.period+" has no bill run: run it first"
+	}
+	return res, nil
 }
 
 func (f *fakeHandler) Calls() []call {
@@ -273,6 +282,38 @@ func TestHandledTriggersAreCommittedBadOnesGoToDLQAndTheNextIsProcessed(t *testi
 		require.NotEmpty(t, e.Extra["detail"])
 	}
 	require.Equal(t, map[any]string{"malformed_json": "billrun:2026-11", "bad_period": "billrun:2026-11", "period_not_closed": "billrun:2026-12"}, keys)
+}
+
+// A trigger that decodes but whose run is refused on its input (an
+// adjustment before the bill run COMPLETED) is wrong on every redelivery:
+// it goes to the DLQ, like a record that does not decode, and the record
+// behind it runs. It used to be committed with nothing but a run.failed
+// event to show for it.
+func TestRunRefusedOnItsInputGoesToDLQ(t *testing.T) {
+	t.Parallel()
+	b := setupKafka(t)
+	h := newFake(func(n int, _ call) job.Outcome {
+		if n == 0 {
+			return job.OutcomeFailed
+		}
+		return job.OutcomeCompleted
+	})
+	h.failedOnInput = true
+	b.consumer(t, h, nil)
+
+	refused := b.produce(t, b.bills, "2026-10", `{"period":"2026-10","adjust":true}`)
+	b.waitCommitted(t, refused, refused.Offset+1) // handled: dead-lettered, not retried
+	next := b.produce(t, b.bills, "2026-10", `{"period":"2026-10"}`)
+	b.waitCommitted(t, next, next.Offset+1)
+	require.Len(t, h.waitCalls(t, 2), 2, "the refused trigger ran once, the next one ran")
+	dlq := b.readDLQ(t, 1)
+	require.Equal(t, owned.ReasonBadInput, header(dlq[0], "reason"))
+	require.Equal(t, "period 2026-10 has no bill run: run it first", header(dlq[0], "reason-detail"))
+	require.Equal(t, fmt.Sprint(refused.Offset), header(dlq[0], "source-offset"))
+	require.Equal(t, refused.Value, dlq[0].Value)
+	rejected := b.rec.OfType(events.TriggerRejected)
+	require.Len(t, rejected, 1)
+	require.Equal(t, owned.ReasonBadInput, rejected[0].Extra["reason"])
 }
 
 func TestUnavailableIsNotCommittedAndRetriedInOrder(t *testing.T) {
