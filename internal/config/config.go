@@ -390,7 +390,7 @@ func settings() []setting {
 			}},
 		{env: "COORDINATOR_BILLRUN_SCHEDULE", flag: "billrun-schedule", usage: "cron spec that bills the previous month; empty disables", def: lit(""),
 			apply: func(c *Config, v string) error { c.BillrunSchedule = v; return checkSchedule(v) }},
-		{env: "COORDINATOR_BILLRUN_BATCH_SIZE", flag: "billrun-batch-size", usage: "subscribers per batch transaction", def: lit("2500"),
+		{env: "COORDINATOR_BILLRUN_BATCH_SIZE", flag: "billrun-batch-size", usage: "subscribers per batch (one statement)", def: lit("2500"),
 			apply: func(c *Config, v string) (err error) { c.BillrunBatchSize, err = positiveInt(v, 100000); return err }},
 		{env: "COORDINATOR_BILLRUN_WORKERS", flag: "billrun-workers", usage: "concurrent batch transactions", def: lit("4"),
 			apply: func(c *Config, v string) (err error) { c.BillrunWorkers, err = positiveInt(v, 256); return err }},

@@ -262,7 +262,7 @@ func (o *Owned) refused(ctx context.Context, err error) {
 func (o *Owned) fail(ctx context.Context, err error) job.Result {
 	o.res.Error = err.Error()
 	o.badInput = errors.Is(err, job.ErrBadInput)
-	o.run.send(ctx, events.RunFailed, 0, "", map[string]any{"error": o.res.Error})
+	o.run.send(ctx, events.RunFailed, 0, "", map[string]any{"error": o.res.Error, "retryable": false})
 	o.run.log.Error("run_failed", "error", err)
 	return o.end(job.OutcomeFailed)
 }
