@@ -3,6 +3,7 @@ package billrun_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -49,7 +50,15 @@ func TestClaimRefusesAnOlderLockFence(t *testing.T) {
 		staleDone <- c
 		staleRes <- res
 	}()
-	stale := <-paused.acquired
+	var stale ownership.Lease
+	select {
+	case stale = <-paused.acquired:
+	case r := <-staleRes:
+		t.Fatalf("the stale claim ended before it acquired: %+v", r)
+	}
+	var resumed sync.Once
+	wake := func() { resumed.Do(func() { close(paused.resume) }) }
+	t.Cleanup(wake) // a failure below must not leave A paused
 
 	// Meanwhile A's lock was lost (another process's Locker): B takes it,
 	// with a higher fence, and claims.
@@ -61,7 +70,7 @@ func TestClaimRefusesAnOlderLockFence(t *testing.T) {
 	require.NoError(t, err)
 	require.Greater(t, claimed.LockFence, stale.Fence())
 
-	close(paused.resume) // A wakes and claims with its older lock fence
+	wake() // A wakes and claims with its older lock fence
 	staleClaim := <-staleDone
 	require.Nil(t, staleClaim, "a claim under an older lock fence took the run from the newer holder")
 	// The stale holder lost the run to a newer one: that is the lost

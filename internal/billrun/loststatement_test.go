@@ -91,16 +91,23 @@ func TestLostStatementRetryIsNotAUniqueViolation(t *testing.T) {
 	require.EventuallyWithT(t, func(c *assert.CollectT) { first = waiting(c, 1)[0] }, 30*time.Second, 10*time.Millisecond)
 	// The client side of the in-flight batch breaks (a network fault); the backend goes on.
 	partitioned.Store(true)
+	t.Cleanup(func() { partitioned.Store(false) })
 	mu.Lock()
-	require.NoError(t, socks[first].Close())
+	sock := socks[first]
 	mu.Unlock()
+	require.NoError(t, sock.Close())
 	time.Sleep(300 * time.Millisecond) // the partition's length: the fault under test, not a wait for a state
 	partitioned.Store(false)
 	// The retry's statement arrives while the first is still running.
 	require.EventuallyWithT(t, func(c *assert.CollectT) { waiting(c, 2) }, 30*time.Second, 10*time.Millisecond)
 	require.NoError(t, blocker.Rollback(ctx))
 
-	res := <-result
+	var res job.Result
+	select {
+	case res = <-result:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the run did not end")
+	}
 	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
 	require.Equal(t, int64(1), b.count(t, `select count(*) from bill_run_batches`))
 	require.Equal(t, seeded.Active, res.Counts["subscribers"], "counted once")

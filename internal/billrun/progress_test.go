@@ -261,7 +261,11 @@ func TestTotalIsStoredWhileBatchesHoldTheClaim(t *testing.T) {
 		done <- b.runner(billrun.WithBeforeBatch(billrun.Config{BatchSize: 25, Workers: 1}, pauseAt(2, reached, release))).
 			Run(context.Background(), period, trig())
 	}()
-	<-reached // one batch committed, the second waits: the run is RUNNING
+	select { // one batch committed, the second waits: the run is RUNNING
+	case <-reached:
+	case res := <-done:
+		t.Fatalf("the run ended before its second batch: %+v", res)
+	}
 	st, err := billrun.ReadStatus(context.Background(), b.pool, period)
 	require.NoError(t, err)
 	require.Equal(t, billrun.StatusRunning, st.Status)

@@ -53,6 +53,16 @@ func (h *orderHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 	return next
 }
 
+// waitOrGiveUp waits for ch, at most 10 s: a hook that orders commands must
+// not hang the test when the order it waits for never comes (the test then
+// fails on what happened instead).
+func waitOrGiveUp(ch <-chan struct{}) {
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+	}
+}
+
 // hookedLocker is a Locker of owner "a" whose Redis commands pass through
 // an orderHook, so a test can order them.
 func hookedLocker(t *testing.T) (*testenv.RedisEnv, *redislock.Locker, *orderHook) {
@@ -88,7 +98,7 @@ func TestConcurrentReleasesOfReentrantHolds(t *testing.T) {
 	// outer (last) release ran there, and its answer comes back before the
 	// outer release's caller hears of its own.
 	releaseRan, innerDone := make(chan struct{}), make(chan struct{})
-	h.before["holds"] = func() { <-releaseRan }
+	h.before["holds"] = func() { waitOrGiveUp(releaseRan) }
 	h.after["release"] = func() {
 		close(releaseRan)
 		select {
@@ -126,7 +136,7 @@ func TestReentryRacingTheLastRelease(t *testing.T) {
 	outer, err := l.Acquire(ctx, "racing", 0)
 	require.NoError(t, err)
 	reentering, releaseRan, reentryDone := make(chan struct{}), make(chan struct{}), make(chan struct{})
-	h.before["holds"] = func() { close(reentering); <-releaseRan }
+	h.before["holds"] = func() { close(reentering); waitOrGiveUp(releaseRan) }
 	h.after["release"] = func() {
 		close(releaseRan)
 		select {
@@ -140,7 +150,11 @@ func TestReentryRacingTheLastRelease(t *testing.T) {
 		reentryErr <- err
 		close(reentryDone)
 	}()
-	<-reentering
+	select {
+	case <-reentering:
+	case err := <-reentryErr:
+		t.Fatalf("the reentry ended before it reached Redis: %v", err)
+	}
 	require.NoError(t, outer.Release(ctx))
 	require.Error(t, <-reentryErr, "reentered a lease its owner released")
 	require.ErrorIs(t, outer.Err(), ownership.ErrReleased, "a lease its owner released ended lost")

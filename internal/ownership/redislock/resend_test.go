@@ -182,7 +182,7 @@ func TestResentScriptsAfterATakeover(t *testing.T) {
 		n, err := w.env.Client.ZCard(ctx, w.env.Prefix+":{acquire}:queue").Result()
 		require.NoError(t, err)
 		require.Zero(t, n, "a left the queue when it took the lock")
-		bctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		bctx, cancel := context.WithTimeout(ctx, 2*time.Second) // b waits this long, then is told a holds it
 		defer cancel()
 		_, err = w.b.Acquire(bctx, "acquire", 0)
 		require.ErrorIs(t, err, ownership.ErrAlreadyOwned, "a holds it")
@@ -210,7 +210,12 @@ func TestLateRenewalCannotExtendTheNextHolder(t *testing.T) {
 
 	le, err := a.Acquire(ctx, "late", 0)
 	require.NoError(t, err)
-	args := <-held.captured // a's first renewal, kept from Redis
+	var args []any
+	select {
+	case args = <-held.captured: // a's first renewal, kept from Redis
+	case <-time.After(10 * time.Second):
+		t.Fatal("no renewal was sent")
+	}
 	select {
 	case <-le.Done():
 	case <-time.After(10 * time.Second):
