@@ -12,7 +12,8 @@ import (
 
 // The same bill-run trigger produced three times plus an HTTP trigger: one
 // run.completed; invoices exact; every other trigger ends already_owned or
-// already_completed naming the owner.
+// already_completed naming a holder of the lock (at least one outcome per
+// trigger: the resumer may answer a deferred one again).
 func TestBillRunTriggeredFourTimesRunsOnce(t *testing.T) {
 	t.Parallel()
 	d := newDeployment(t, "")
@@ -65,8 +66,14 @@ func TestBillRunTriggeredFourTimesRunsOnce(t *testing.T) {
 	// Offsets are committed once handled: all three records.
 	d.waitCommitted(d.bills, partition, 3, 20*time.Second)
 	got := d.events.match(outcome)
-	require.Len(t, got, len(ids), "one outcome per trigger")
-
+	// A trigger answered already_owned is recorded for the resumer, which
+	// asks again: it may meet the lock held by another replica for a moment
+	// (answering an HTTP trigger already_completed), so an answer names the
+	// holder of that moment, one of the replicas that acquired the key.
+	holders := map[string]bool{}
+	for _, e := range d.events.match(ofType("ownership.acquired", key)) {
+		holders[e.str("replica")] = true
+	}
 	seen := map[string]string{}
 	completed := 0
 	for _, e := range got {
@@ -76,7 +83,7 @@ func TestBillRunTriggeredFourTimesRunsOnce(t *testing.T) {
 			completed++
 			require.Equal(t, owner, e.str("replica"))
 		default:
-			require.Equal(t, owner, e.str("owner"), "%s names the owner", e)
+			require.True(t, holders[e.str("owner")], "%s names a replica that held the lock (holders %v)", e, holders)
 		}
 	}
 	require.Equal(t, 1, completed, "exactly one run.completed")
