@@ -275,6 +275,7 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 	w, q := l.enqueue(key)
 	defer l.dequeue(key, w, q)
 	owner := ""
+	answered := false // Redis has said at least once that the lock is held
 	for {
 		if w.attempt(&l.wmu) {
 			sent := time.Now()
@@ -285,6 +286,12 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 				l.cleanup(key, token, 0)
 				if cerr := ctx.Err(); cerr != nil {
 					err = fmt.Errorf("%w: %w", cerr, err)
+					if answered {
+						// The caller gave up during a ticket refresh: the
+						// answer is what the wait learned, as when it gives
+						// up between asks, not "Redis unavailable".
+						return nil, ownership.AlreadyOwned(key, cmp.Or(owner, q.lastOwner(&l.wmu)), err)
+					}
 				}
 				return nil, ownership.Unavailable(key, err)
 			}
@@ -294,6 +301,7 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 				w.acquired(&l.wmu, ttl)
 				return le, nil
 			}
+			answered = true
 			q.setQueued(&l.wmu, res.queued)
 			if res.owner != "" {
 				owner = res.owner
