@@ -285,8 +285,9 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 				// ended while it was in flight): delete what it wrote.
 				l.cleanup(key, token, 0)
 				if cerr := ctx.Err(); cerr != nil {
+					cut := errors.Is(err, cerr)
 					err = fmt.Errorf("%w: %w", cerr, err)
-					if answered {
+					if answered && cut {
 						// The caller gave up during a ticket refresh: the
 						// answer is what the wait learned, as when it gives
 						// up between asks, not "Redis unavailable".
