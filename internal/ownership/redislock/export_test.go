@@ -51,3 +51,7 @@ func LoadScripts(ctx context.Context, c redis.Scripter) error {
 	}
 	return nil
 }
+
+// WakeLocal wakes the head waiter of key in l, as the end of one of l's
+// own terms on key does.
+func WakeLocal(l *Locker, key string) { l.wakeLocal(key) }

@@ -278,6 +278,12 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 	answered := false // Redis has said at least once that the lock is held
 	for {
 		if w.attempt(&l.wmu) {
+			if cerr := ctx.Err(); cerr != nil && answered {
+				// The caller gave up while the timer or a wake also fired
+				// (select picks either): nothing is sent, and the answer is
+				// what the wait learned, as in the ctx.Done case below.
+				return nil, ownership.AlreadyOwned(key, cmp.Or(owner, q.lastOwner(&l.wmu)), cerr)
+			}
 			sent := time.Now()
 			res, err := l.runAcquire(ctx, deadline, key, token, ttlMS, q.isQueued(&l.wmu))
 			if err != nil {
@@ -285,14 +291,7 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 				// ended while it was in flight): delete what it wrote.
 				l.cleanup(key, token, 0)
 				if cerr := ctx.Err(); cerr != nil {
-					cut := errors.Is(err, cerr)
 					err = fmt.Errorf("%w: %w", cerr, err)
-					if answered && cut {
-						// The caller gave up during a ticket refresh: the
-						// answer is what the wait learned, as when it gives
-						// up between asks, not "Redis unavailable".
-						return nil, ownership.AlreadyOwned(key, cmp.Or(owner, q.lastOwner(&l.wmu)), err)
-					}
 				}
 				return nil, ownership.Unavailable(key, err)
 			}

@@ -182,7 +182,11 @@ func TestResentScriptsAfterATakeover(t *testing.T) {
 		n, err := w.env.Client.ZCard(ctx, w.env.Prefix+":{acquire}:queue").Result()
 		require.NoError(t, err)
 		require.Zero(t, n, "a left the queue when it took the lock")
-		bctx, cancel := context.WithTimeout(ctx, 2*time.Second) // b waits this long, then is told a holds it
+		// b waits this long, then is told a holds it. Not a whole second:
+		// a waiter asks again every second, and a deadline that ends an ask
+		// in flight is "unavailable" (its outcome is unknown; CI met that
+		// with 2 s).
+		bctx, cancel := context.WithTimeout(ctx, 2500*time.Millisecond)
 		defer cancel()
 		_, err = w.b.Acquire(bctx, "acquire", 0)
 		require.ErrorIs(t, err, ownership.ErrAlreadyOwned, "a holds it")
