@@ -18,6 +18,11 @@ package billrun
 // request id and source; empty values are NULL), so the row names the
 // requester of the run that holds or last held it.
 //
+// A claim clears completed_event_at: the completion it will make is a new
+// one, whose run.completed no sink has acknowledged (a row is claimable
+// only when not COMPLETED, so this matters only for a row set back by
+// hand).
+//
 // The first claim fixes the run's population cutoff: the period's first and
 // end instants in the billing zone, the zone's name and the claim time.
 // Later claims keep them (a resume bills the same population, whatever the
@@ -41,6 +46,7 @@ set status         = 'RUNNING',
     attempts       = r.attempts + 1,
     started_at     = clock_timestamp(),
     finished_at    = null,
+    completed_event_at = null,
     last_error     = null,
     updated_at     = clock_timestamp(),
     requested_by   = excluded.requested_by,
