@@ -187,3 +187,32 @@ func TestRunCompletedAcknowledgedByKafkaIsMarked(t *testing.T) {
 	require.Len(t, got, 1)
 	require.Equal(t, events.CompletionID(billrun.JobName, billrun.LockKey(period), res.Fence), got[0].ID)
 }
+
+// An adjustment run's run.completed is not a tracked completion: its id is
+// random, never the bill run's (both fences start at 1 on one key), and it
+// touches no completed_event_at.
+func TestAdjustmentRunCompletedKeepsItsOwnID(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	b.insertSubs(t, period, []sub{{id: 1, status: "ACTIVE", fee: 1000}, {id: 2, status: "ACTIVE", fee: 2000}})
+	em := &ackEmitter{}
+	r := newRunner(b.pool, b.locker, "", em, billrun.Config{BatchSize: 25, RetryBackoff: 10 * time.Millisecond})
+	res := r.Run(ctx, period, trig())
+	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		require.NotNil(c, b.completedEventAt(c, period))
+	}, 10*time.Second, 10*time.Millisecond)
+	marked := b.completedEventAt(t, period)
+
+	_, err := b.pool.Exec(ctx, `insert into usage_charges (subscriber_id, period, amount_cents) values (1, $1, 30)`, period.String())
+	require.NoError(t, err)
+	adj := r.template.Run(ctx, r.kind, billrun.Request{Period: period, Adjust: true}, trig())
+	require.Equal(t, job.OutcomeCompleted, adj.Outcome, adj.Error)
+	done := em.completed()
+	require.Len(t, done, 2)
+	require.Equal(t, events.CompletionID(billrun.JobName, billrun.LockKey(period), res.Fence), done[0].ID)
+	require.NotEqual(t, done[0].ID, done[1].ID, "the adjustment's run.completed is another event")
+	require.NotEqual(t, events.CompletionID(billrun.JobName, billrun.LockKey(period), adj.Fence), done[1].ID)
+	require.True(t, marked.Equal(*b.completedEventAt(t, period)), "the bill run's mark is left alone")
+}
