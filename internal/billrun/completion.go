@@ -20,17 +20,19 @@ const sqlCompletionPublished = `
 update bill_runs set completed_event_at = clock_timestamp()
 where period = $1 and fence = $2 and status = 'COMPLETED' and completed_event_at is null`
 
-// sqlUnpublishedCompletions lists the COMPLETED runs whose run.completed no
-// sink acknowledged, finished more than $1 seconds ago, oldest first, at
-// most $2 (bill_runs_completed_event_pending).
+// sqlUnpublishedCompletions lists the COMPLETED runs whose run.completed
+// (completion_event_id, stored by sqlFinish) no sink acknowledged, finished
+// more than $1 seconds ago, oldest first, at most $2
+// (bill_runs_completed_event_pending). A row without an id was completed
+// before 00014 or by an older replica: never listed.
 const sqlUnpublishedCompletions = `
-select period, coalesce(owner, ''), fence, coalesce(lock_fence, 0),
+select period, completion_event_id, coalesce(owner, ''), fence, coalesce(lock_fence, 0),
        coalesce(request_id, ''), coalesce(requested_by, ''), coalesce(principal, ''), coalesce(trigger_source, ''),
-       batches_done, subscribers, invoices_created, already_invoiced, coalesce(finished_at, updated_at)
+       batches_done, subscribers, invoices_created, already_invoiced, finished_at
 from bill_runs
-where status = 'COMPLETED' and completed_event_at is null
-  and coalesce(finished_at, updated_at) < clock_timestamp() - make_interval(secs => $1)
-order by coalesce(finished_at, updated_at)
+where status = 'COMPLETED' and completed_event_at is null and completion_event_id is not null
+  and finished_at < clock_timestamp() - make_interval(secs => $1)
+order by finished_at
 limit $2`
 
 // RecordsCompletion: a bill run's completion is recorded
@@ -59,12 +61,12 @@ func (w *Worker) UnpublishedCompletions(ctx context.Context, olderThan time.Dura
 	var out []owned.Completion
 	for rows.Next() {
 		var (
-			period, owner, requestID, requestedBy, principal, source string
-			fence, lockFence, subs, created, already                 int64
-			batches                                                  int32
-			finished                                                 time.Time
+			period, eventID, owner, requestID, requestedBy, principal, source string
+			fence, lockFence, subs, created, already                          int64
+			batches                                                           int32
+			finished                                                          time.Time
 		)
-		if err := rows.Scan(&period, &owner, &fence, &lockFence, &requestID, &requestedBy, &principal, &source,
+		if err := rows.Scan(&period, &eventID, &owner, &fence, &lockFence, &requestID, &requestedBy, &principal, &source,
 			&batches, &subs, &created, &already, &finished); err != nil {
 			return nil, fmt.Errorf("billrun: list unpublished completions: %w", err)
 		}
@@ -73,7 +75,7 @@ func (w *Worker) UnpublishedCompletions(ctx context.Context, olderThan time.Dura
 			continue // the table's check constraint makes this unreachable
 		}
 		out = append(out, owned.Completion{
-			Params: p, Owner: owner, Fence: fence, LockFence: lockFence, Finished: finished,
+			Params: p, EventID: eventID, Owner: owner, Fence: fence, LockFence: lockFence, Finished: finished,
 			Trigger: job.Trigger{Source: job.Source(source), RequestID: requestID, RequestedBy: requestedBy, Principal: principal},
 			// The period's totals, as the original event carried them; the
 			// run's own counts were not kept.

@@ -64,6 +64,16 @@ func (b *bundle) completedEventAt(t require.TestingT, p billrun.Period) *time.Ti
 	return at
 }
 
+// completionEventID reads bill_runs.completion_event_id of period ("": NULL).
+func (b *bundle) completionEventID(t require.TestingT, p billrun.Period) string {
+	var id *string
+	require.NoError(t, b.pool.QueryRow(context.Background(), `select completion_event_id from bill_runs where period = $1`, p.String()).Scan(&id))
+	if id == nil {
+		return ""
+	}
+	return *id
+}
+
 // RELIABILITY.md row 9: a bill run's COMPLETED row commits and its
 // run.completed never reaches Kafka (its replica was SIGKILLed with the
 // event in its buffer). A resumer scan of another replica publishes it
@@ -81,7 +91,8 @@ func TestLostRunCompletedIsRepublishedWithItsID(t *testing.T) {
 	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
 	require.Len(t, em.lost, 1)
 	lost := em.lost[0]
-	require.Equal(t, events.CompletionID(billrun.JobName, billrun.LockKey(period), res.Fence), lost.ID, "the id is derived, not random")
+	require.Len(t, lost.ID, 32)
+	require.Equal(t, lost.ID, b.completionEventID(t, period), "the completion keeps its run.completed's id")
 	require.Nil(t, b.completedEventAt(t, period), "no acknowledgement, no mark")
 
 	// Another replica's resumer; the grace is over at once.
@@ -185,12 +196,12 @@ func TestRunCompletedAcknowledgedByKafkaIsMarked(t *testing.T) {
 		}
 	}
 	require.Len(t, got, 1)
-	require.Equal(t, events.CompletionID(billrun.JobName, billrun.LockKey(period), res.Fence), got[0].ID)
+	require.Equal(t, b.completionEventID(t, period), got[0].ID)
 }
 
-// An adjustment run's run.completed is not a tracked completion: its id is
-// random, never the bill run's (both fences start at 1 on one key), and it
-// touches no completed_event_at.
+// An adjustment run's run.completed is not a tracked completion: it is
+// another event than the bill run's, and it touches neither the stored id
+// nor completed_event_at.
 func TestAdjustmentRunCompletedKeepsItsOwnID(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -211,8 +222,40 @@ func TestAdjustmentRunCompletedKeepsItsOwnID(t *testing.T) {
 	require.Equal(t, job.OutcomeCompleted, adj.Outcome, adj.Error)
 	done := em.completed()
 	require.Len(t, done, 2)
-	require.Equal(t, events.CompletionID(billrun.JobName, billrun.LockKey(period), res.Fence), done[0].ID)
+	require.Equal(t, b.completionEventID(t, period), done[0].ID)
 	require.NotEqual(t, done[0].ID, done[1].ID, "the adjustment's run.completed is another event")
-	require.NotEqual(t, events.CompletionID(billrun.JobName, billrun.LockKey(period), adj.Fence), done[1].ID)
 	require.True(t, marked.Equal(*b.completedEventAt(t, period)), "the bill run's mark is left alone")
+}
+
+// A COMPLETED row without a stored run.completed id (completed before
+// migration 00014, or by a replica of an older version during a rolling
+// upgrade, whose event had an id nobody kept) is never re-published: a
+// second event with another id would read as a second completion. A lost
+// completion of another period beside it still is.
+func TestCompletionWithoutAStoredIDIsNotRepublished(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	older := period.Previous()
+	b.seed(t, billrun.SeedConfig{Subscribers: 30})
+	ctx := context.Background()
+	em := &ackEmitter{}
+	em.drop.Store(true)
+	r := newRunner(b.pool, b.locker, "", em, billrun.Config{BatchSize: 25, RetryBackoff: 10 * time.Millisecond})
+	for _, p := range []billrun.Period{older, period} {
+		res := r.Run(ctx, p, trig())
+		require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
+	}
+	require.Len(t, em.lost, 2)
+	_, err := b.pool.Exec(ctx, `update bill_runs set completion_event_id = null where period = $1`, older.String())
+	require.NoError(t, err)
+
+	em.drop.Store(false)
+	rs, err := owned.NewResumer(owned.ResumerConfig{Runner: r.template, RepublishAfter: time.Nanosecond})
+	require.NoError(t, err)
+	rs.Scan(ctx)
+	again := em.completed()
+	require.Len(t, again, 1, "only the completion whose id was kept is re-published")
+	require.Equal(t, billrun.LockKey(period), again[0].Key)
+	require.Equal(t, b.completionEventID(t, period), again[0].ID)
+	require.Nil(t, b.completedEventAt(t, older))
 }

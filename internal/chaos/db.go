@@ -194,7 +194,7 @@ func billRunStatuses(ctx context.Context, pool *pgxpool.Pool) (map[string]string
 // Kafka has not acknowledged yet (the resumers re-publish them).
 func unackedCompletions(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 	var n int
-	err := pool.QueryRow(ctx, `select count(*) from bill_runs where status = 'COMPLETED' and completed_event_at is null`).Scan(&n)
+	err := pool.QueryRow(ctx, `select count(*) from bill_runs where status = 'COMPLETED' and completed_event_at is null and completion_event_id is not null`).Scan(&n)
 	return n, err
 }
 

@@ -34,11 +34,3 @@ func TestMultiForwardsAcknowledgementOnce(t *testing.T) {
 	events.EmitAcked(context.Background(), rec, events.Event{Type: events.RunCompleted}, func() { calls++ })
 	require.Zero(t, calls, "an emitter without acknowledgement never calls back")
 }
-
-func TestCompletionIDIsStableAndDistinct(t *testing.T) {
-	id := events.CompletionID("billrun", "billrun:2026-11", 3)
-	require.Len(t, id, 32)
-	require.Equal(t, id, events.CompletionID("billrun", "billrun:2026-11", 3))
-	require.NotEqual(t, id, events.CompletionID("billrun", "billrun:2026-11", 4))
-	require.NotEqual(t, id, events.CompletionID("billrun", "billrun:2026-10", 3))
-}

@@ -6,11 +6,9 @@ package events
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"io"
-	"strconv"
 	"sync"
 	"time"
 )
@@ -154,15 +152,6 @@ func EmitAcked(ctx context.Context, em Emitter, e Event, onAcked func()) {
 		return
 	}
 	em.Emit(ctx, e)
-}
-
-// CompletionID is the id of the run.completed of a tracked completion (a
-// bill run's): derived from job, key and the claim's fence, so that a
-// re-publication carries the id of the event it repeats and consumers can
-// drop the duplicate. 32 hex characters, like NewID's.
-func CompletionID(job, key string, fence int64) string {
-	sum := sha256.Sum256([]byte(string(RunCompleted) + "\x00" + job + "\x00" + key + "\x00" + strconv.FormatInt(fence, 10)))
-	return hex.EncodeToString(sum[:16])
 }
 
 // EmitterFunc adapts a function to Emitter.

@@ -95,11 +95,12 @@
 // interval doubled per attempt (at most 1h); MaxAttempts spent: permanent.
 // already_owned or unavailable: tried at the next scan, not counted.
 //
-// Each scan first re-publishes the run.completed of every CompletionRecorder
-// kind's completions left unacknowledged for RepublishAfter (a bill run's
-// owner killed with the event in its sink's buffer), with the id the
-// template derived (events.CompletionID) and data.republished_by; the kind
-// marks them once the sink acknowledged the copy.
+// On a ticker of its own, the resumer also re-publishes the run.completed
+// of every CompletionRecorder kind's completions left unacknowledged for
+// RepublishAfter (a bill run's owner killed with the event in its sink's
+// buffer), with the id the kind stored with the completion
+// (Run.CompletionEventID) and data.republished_by; the kind marks them once
+// the sink acknowledged the copy.
 //
 //	accepted ─▶ run ─┬─ completed ──────────────▶ (request deleted)
 //	                 ├─ failed, permanent ──────▶ permanent: pages

@@ -218,10 +218,11 @@ type Incomplete struct {
 // CompletionRecorder is a Worker whose store records, besides that a run
 // completed, whether its run.completed was acknowledged by the events topic
 // (a bill run: bill_runs.completed_event_at), so that the event is at least
-// once across a crash of its replica: the template gives the event an id
-// derived from job, key and fence (events.CompletionID) and marks it
-// published once the sink acknowledged that id; every replica's resumer
-// re-publishes, with the same id, the completions left unmarked for
+// once across a crash of its replica: the Worker stores, with the
+// completion, the id the template will give the run's run.completed
+// (Run.CompletionEventID, random per run); the template marks it published
+// once the sink acknowledged that event; every replica's resumer
+// re-publishes, with the stored id, the completions left unmarked for
 // RepublishAfter (the owner was SIGKILLed with the event in its buffer, or
 // the buffer overflowed). Consumers drop the duplicates by id.
 type CompletionRecorder interface {
@@ -234,7 +235,8 @@ type CompletionRecorder interface {
 	// run.completed; marking twice is harmless.
 	CompletionPublished(ctx context.Context, p Params, fence int64) error
 	// UnpublishedCompletions lists at most limit completions not marked
-	// published that ended more than olderThan ago, oldest first.
+	// published that ended more than olderThan ago, oldest first; only those
+	// whose run.completed id the store kept.
 	UnpublishedCompletions(ctx context.Context, olderThan time.Duration, limit int) ([]Completion, error)
 }
 
@@ -243,6 +245,9 @@ type CompletionRecorder interface {
 type Completion struct {
 	// Params are the run's parameters (LockKey must handle them).
 	Params Params
+	// EventID is the id of the run's run.completed (Run.CompletionEventID),
+	// as the store kept it: a re-publication repeats it.
+	EventID string
 	// Owner is the replica that completed it; Fence its claim fence,
 	// LockFence its lock's fencing token.
 	Owner            string

@@ -194,10 +194,22 @@ func (s *Resumer) Stop() {
 
 func (s *Resumer) loop() {
 	defer close(s.done)
+	// Re-publication on a ticker of its own: a resumed run blocks its scan
+	// for as long as it runs, and a lost run.completed must not wait for it.
+	var wg sync.WaitGroup
+	if len(s.recorders) > 0 {
+		wg.Go(func() { s.every(s.republishAll) })
+	}
+	s.every(s.resumeAll)
+	wg.Wait()
+}
+
+// every runs scan now and then every Interval until Stop.
+func (s *Resumer) every(scan func(context.Context)) {
 	t := time.NewTicker(s.cfg.Interval)
 	defer t.Stop()
 	for {
-		s.Scan(s.ctx)
+		scan(s.ctx)
 		select {
 		case <-s.ctx.Done():
 			return
@@ -208,14 +220,27 @@ func (s *Resumer) loop() {
 
 // Scan re-publishes the unacknowledged completions of every
 // CompletionRecorder kind, then looks once for incomplete runs of every
-// Resumable kind and runs the due ones. The loop calls it; tests may too.
+// Resumable kind and runs the due ones. The loop runs the two on tickers of
+// their own; tests call Scan.
 func (s *Resumer) Scan(ctx context.Context) {
+	s.republishAll(ctx)
+	s.resumeAll(ctx)
+}
+
+// republishAll re-publishes the unacknowledged completions of every
+// CompletionRecorder kind.
+func (s *Resumer) republishAll(ctx context.Context) {
 	for _, k := range s.recorders {
 		if ctx.Err() != nil {
 			return
 		}
 		s.republish(ctx, k)
 	}
+}
+
+// resumeAll looks once for incomplete runs of every Resumable kind and runs
+// the due ones (each to its end: a resumed run may take long).
+func (s *Resumer) resumeAll(ctx context.Context) {
 	var held map[string]bool
 	if s.cfg.Locks != nil {
 		lctx, cancel := context.WithTimeout(ctx, requestTimeout)
@@ -285,7 +310,7 @@ func (s *Resumer) scanKind(ctx context.Context, k Kind, held map[string]bool) {
 // republish publishes again the run.completed of k's completions that no
 // sink acknowledged within RepublishAfter (their owner was killed with the
 // event in its buffer, or the buffer dropped it), with the id the owner
-// gave it (events.CompletionID), data.replica the owner and data.fence the
+// gave it (stored with the completion), data.replica the owner and data.fence the
 // claim's; data.republished_by names this replica. The completion is marked
 // only once the sink acknowledged this event; one dropped again stays for a
 // later scan. Replicas may re-publish one completion each: the copies share
@@ -311,7 +336,7 @@ func (s *Resumer) republish(ctx context.Context, k Kind) {
 	replica := s.cfg.Runner.Replica()
 	for _, c := range list {
 		key := k.LockKey(c.Params)
-		id := events.CompletionID(name, key, c.Fence)
+		id := c.EventID
 		if _, ok := s.republished[id]; ok {
 			continue // still waiting in this replica's sink, or just marked
 		}
@@ -325,7 +350,7 @@ func (s *Resumer) republish(ctx context.Context, k Kind) {
 		}
 		extra["republished"] = true
 		extra["republished_by"] = replica
-		e := events.Event{ID: id, Type: events.RunCompleted, Key: key, Job: name, Replica: c.Owner,
+		e := events.Event{ID: id, Time: c.Finished, Type: events.RunCompleted, Key: key, Job: name, Replica: c.Owner,
 			Trigger: string(c.Trigger.Source), RequestID: c.Trigger.RequestID, RequestedBy: c.Trigger.RequestedBy,
 			Principal: c.Trigger.Principal, Fence: c.Fence, Extra: extra}
 		log := s.log.With("job", name, "lock_key", key, "fence", c.Fence)

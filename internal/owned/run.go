@@ -25,6 +25,7 @@ type Run struct {
 	acquired          time.Time
 	log               *slog.Logger
 	emit              events.Emitter
+	completionID      string // the id of this run's run.completed (CompletionEventID)
 
 	prog progress
 
@@ -38,6 +39,11 @@ type Run struct {
 
 // Job is the kind's name.
 func (r *Run) Job() string { return r.job }
+
+// CompletionEventID is the id the template gives this run's run.completed
+// (random, one per run). A CompletionRecorder stores it with the completion,
+// so that a re-publication of a lost event carries the same id.
+func (r *Run) CompletionEventID() string { return r.completionID }
 
 // Key is the lock key.
 func (r *Run) Key() string { return r.key }

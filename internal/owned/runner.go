@@ -162,7 +162,7 @@ func (r *Runner) Begin(ctx context.Context, k Kind, p Params, t job.Trigger) (*O
 	if t.Principal != "" {
 		log = log.With("principal", t.Principal)
 	}
-	o.run = &Run{job: spec.Name, key: key, replica: r.replica, trigger: t, emit: r.emit, log: log}
+	o.run = &Run{job: spec.Name, key: key, replica: r.replica, trigger: t, emit: r.emit, log: log, completionID: events.NewID()}
 	o.run.startTrace(ctx, r.tracer)
 	switch {
 	case o.worker == nil:
@@ -329,11 +329,11 @@ func (o *Owned) settle(ctx context.Context, rep Report, err, cause error) job.Ou
 	switch outcome {
 	case job.OutcomeCompleted:
 		if cr, ok := o.worker.(CompletionRecorder); ok && cr.RecordsCompletion(o.params) {
-			// At least once: a stable id, and the store marks it published
-			// only once the sink acknowledged that event; the resumers
-			// re-publish it otherwise (CompletionRecorder).
-			id := events.CompletionID(o.run.job, o.run.key, o.run.fence)
-			o.run.sendAcked(ctx, events.RunCompleted, o.run.fence, "", data, id,
+			// At least once: the id the Worker stored with the completion,
+			// and the store marks it published only once the sink
+			// acknowledged that event; the resumers re-publish it otherwise
+			// (CompletionRecorder).
+			o.run.sendAcked(ctx, events.RunCompleted, o.run.fence, "", data, o.run.completionID,
 				o.r.markPublished(cr, o.params, o.run.fence, o.run.log))
 		} else {
 			o.run.send(ctx, events.RunCompleted, o.run.fence, "", data)
