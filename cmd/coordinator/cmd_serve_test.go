@@ -54,6 +54,8 @@ func TestServeRejectsBadConfigBeforeTouchingServices(t *testing.T) {
 		{"bad session timeout", with("COORDINATOR_KAFKA_SESSION_TIMEOUT", "banana"), nil, []string{"COORDINATOR_KAFKA_SESSION_TIMEOUT", "banana"}},
 		{"bad resume interval", with("COORDINATOR_RESUME_INTERVAL", "0s"), nil, []string{"COORDINATOR_RESUME_INTERVAL", "at least 100ms"}},
 		{"bad resume attempts", with("COORDINATOR_RESUME_MAX_ATTEMPTS", "0"), nil, []string{"COORDINATOR_RESUME_MAX_ATTEMPTS"}},
+		{"bad republish grace", with("COORDINATOR_EVENTS_REPUBLISH_AFTER", "500ms"), nil, []string{"COORDINATOR_EVENTS_REPUBLISH_AFTER", "at least 1s"}},
+		{"republish grace too long", with("COORDINATOR_EVENTS_REPUBLISH_AFTER", "25h"), nil, []string{"COORDINATOR_EVENTS_REPUBLISH_AFTER", "at most 24h"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -277,7 +277,7 @@ func (x *execution) finish(ctx context.Context, status string, lastError *string
 	var batches, subs, created, already int64
 	ok := true
 	err := x.retryUntil(ctx, "finish", func(ctx context.Context) error {
-		err := x.pool.QueryRow(ctx, sqlFinish, x.period.String(), x.fence, status, lastError).
+		err := x.pool.QueryRow(ctx, sqlFinish, x.period.String(), x.fence, status, lastError, x.run.CompletionEventID()).
 			Scan(&batches, &subs, &created, &already)
 		if errors.Is(err, pgx.ErrNoRows) {
 			ok = false

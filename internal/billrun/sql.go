@@ -18,6 +18,11 @@ package billrun
 // request id and source; empty values are NULL), so the row names the
 // requester of the run that holds or last held it.
 //
+// A claim clears completed_event_at and completion_event_id: the completion
+// it will make is a new one, whose run.completed no sink has acknowledged (a row is claimable
+// only when not COMPLETED, so this matters only for a row set back by
+// hand).
+//
 // The first claim fixes the run's population cutoff: the period's first and
 // end instants in the billing zone, the zone's name and the claim time.
 // Later claims keep them (a resume bills the same population, whatever the
@@ -41,6 +46,8 @@ set status         = 'RUNNING',
     attempts       = r.attempts + 1,
     started_at     = clock_timestamp(),
     finished_at    = null,
+    completed_event_at = null,
+    completion_event_id = null,
     last_error     = null,
     updated_at     = clock_timestamp(),
     requested_by   = excluded.requested_by,
@@ -264,11 +271,16 @@ where period = $1 and first_id = $2 and fence = $3`
 // summed from its committed batches. No row back: the fence is no longer
 // ours (a newer claim exists) or the run is no longer RUNNING.
 //
-// $1 period, $2 claim fence.
+// A COMPLETED row also stores the id of the run's run.completed ($5), which
+// the template sends once this returns and the resumers re-publish, with the
+// same id, if no acknowledgement of it is recorded (completion.go).
+//
+// $1 period, $2 claim fence, $5 the run's run.completed id.
 const sqlFinish = `
 update bill_runs r
 set status           = $3,
     last_error       = $4,
+    completion_event_id = case when $3 = 'COMPLETED' then $5::text end,
     finished_at      = clock_timestamp(),
     updated_at       = clock_timestamp(),
     batches_done     = t.batches,

@@ -590,11 +590,25 @@ func checkTrees(h *History) []Anomaly {
 
 func checkEvents(h *History) []Anomaly {
 	var out []Anomaly
+	// One completion per event id: a re-publication of a run.completed
+	// (the owner died before Kafka acknowledged it) repeats its id, and
+	// consumers drop the copy. Two ids for one period are two completions.
 	completed := map[string][]Event{}
-	for _, e := range h.Events {
-		if e.Type == "run.completed" && strings.HasPrefix(e.Subject, "billrun:") {
-			completed[strings.TrimPrefix(e.Subject, "billrun:")] = append(completed[strings.TrimPrefix(e.Subject, "billrun:")], e)
+	seen := map[string]bool{}
+	for i, e := range h.Events {
+		if e.Type != "run.completed" || !strings.HasPrefix(e.Subject, "billrun:") {
+			continue
 		}
+		id := e.ID
+		if id == "" { // no id recorded: every event counts
+			id = fmt.Sprintf("#%d", i)
+		}
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		p := strings.TrimPrefix(e.Subject, "billrun:")
+		completed[p] = append(completed[p], e)
 	}
 	for _, br := range h.BillRuns {
 		evs := completed[br.Period]
@@ -602,16 +616,16 @@ func checkEvents(h *History) []Anomaly {
 		case br.Status == "COMPLETED" && len(evs) == 0:
 			d := fmt.Sprintf("billrun:%s is COMPLETED in bill_runs (owner %s, fence %d) but no run.completed event was published", br.Period, br.Owner, br.Fence)
 			if r, ok := h.replica(br.Owner); ok && r.KilledByVerifier {
-				d += fmt.Sprintf("; its owner %s was SIGKILLed at %s, so the event was probably still in its in-memory buffer (events are not written with the Postgres commit)", r.ID, h.rel(r.ExitNS))
+				d += fmt.Sprintf("; its owner %s was SIGKILLed at %s, so the event was probably still in its in-memory buffer, and no resumer re-published it (bill_runs.completed_event_at) before the check", r.ID, h.rel(r.ExitNS))
 			}
 			out = append(out, Anomaly{KindEventsRunCompleted, d})
 		case br.Status == "COMPLETED" && len(evs) > 1:
 			var who []string
 			for _, e := range evs {
-				who = append(who, fmt.Sprintf("%s fence %d at %s", e.Replica, e.Fence, h.relWall(e.Time)))
+				who = append(who, fmt.Sprintf("%s fence %d at %s (id %s)", e.Replica, e.Fence, h.relWall(e.Time), e.ID))
 			}
 			out = append(out, Anomaly{KindEventsRunCompleted, fmt.Sprintf(
-				"billrun:%s has %d run.completed events (%s); a period completes once", br.Period, len(evs), strings.Join(who, "; "))})
+				"billrun:%s has %d run.completed events with different ids (%s); a period completes once", br.Period, len(evs), strings.Join(who, "; "))})
 		case br.Status != "COMPLETED" && len(evs) > 0:
 			out = append(out, Anomaly{KindEventsRunCompleted, fmt.Sprintf(
 				"billrun:%s has a run.completed event (%s, fence %d) but bill_runs says %s", br.Period, evs[0].Replica, evs[0].Fence, br.Status)})

@@ -246,6 +246,31 @@ func TestCheckEvents(t *testing.T) {
 	requireKinds(t, checkEvents(h), KindEventsRunCompleted, KindEventsRunCompleted, KindEventsRunCompleted, KindEventsUnended)
 }
 
+// A run.completed published again (its owner was killed before Kafka
+// acknowledged it, and a resumer re-published it) repeats the event id: two
+// events of one id are one completion. Two ids for one period are two.
+func TestCheckEventsCountsCompletionsByEventID(t *testing.T) {
+	wall := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	completed := func(id, replica string) Event {
+		return Event{ID: id, Type: "run.completed", Subject: "billrun:2026-01", Replica: replica, Time: wall, Fence: 3, LockFence: 3, HasLock: true}
+	}
+	h := &History{
+		Replicas: []ReplicaRun{{ID: "r1-1", KilledByVerifier: true, ExitNS: 9}, {ID: "r2-1", StoppedByVerifier: true, ExitNS: 9}},
+		BillRuns: []BillRunRow{{Period: "2026-01", Status: "COMPLETED", Owner: "r1-1", Fence: 3}},
+		Events:   []Event{completed("c0ffee", "r1-1"), completed("c0ffee", "r1-1")}, // the owner's and a re-publication
+	}
+	requireKinds(t, checkEvents(h))
+
+	h.Events = []Event{completed("c0ffee", "r1-1")}
+	requireKinds(t, checkEvents(h))
+
+	h.Events = append(h.Events, completed("beef", "r2-1"))
+	requireKinds(t, checkEvents(h), KindEventsRunCompleted)
+
+	h.Events = nil
+	requireKinds(t, checkEvents(h), KindEventsRunCompleted)
+}
+
 func TestCheckPoison(t *testing.T) {
 	h := &History{
 		Poison: []PoisonRecord{

@@ -190,6 +190,14 @@ func billRunStatuses(ctx context.Context, pool *pgxpool.Pool) (map[string]string
 	return out, err
 }
 
+// unackedCompletions counts the COMPLETED bill runs whose run.completed
+// Kafka has not acknowledged yet (the resumers re-publish them).
+func unackedCompletions(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+	var n int
+	err := pool.QueryRow(ctx, `select count(*) from bill_runs where status = 'COMPLETED' and completed_event_at is null and completion_event_id is not null`).Scan(&n)
+	return n, err
+}
+
 // runningOwners is owner replica id -> a period it runs (status RUNNING).
 func runningOwners(ctx context.Context, pool *pgxpool.Pool) (map[string]string, error) {
 	rows, err := pool.Query(ctx, `select owner, period from bill_runs where status = 'RUNNING' and owner is not null order by updated_at desc`)

@@ -53,7 +53,7 @@
 // highest already committed for its key; fences strictly increasing per
 // key; no two lock holders inside their sections at once; nothing of a
 // holder's process tree alive or writing after its `coordinator lock`
-// exited; events agreeing with Postgres (one run.completed per COMPLETED
+// exited; events agreeing with Postgres (one run.completed id per COMPLETED
 // period, every ownership.acquired ended by released, lost or a crash);
 // poison dead-lettered; the reaper freeing what expired and nothing else;
 // replicas neither crashing nor hanging on shutdown.

@@ -260,6 +260,8 @@ type PoolStat struct {
 
 // Event is a CloudEvent read back from the events topic.
 type Event struct {
+	// ID is the CloudEvents id: a re-published run.completed repeats it.
+	ID        string
 	Type      string
 	Subject   string
 	Time      time.Time

@@ -65,6 +65,7 @@ func readTopic(ctx context.Context, brokers []string, topic string) ([]*kgo.Reco
 }
 
 type cloudEvent struct {
+	ID      string         `json:"id"`
 	Type    string         `json:"type"`
 	Subject string         `json:"subject"`
 	Time    time.Time      `json:"time"`
@@ -84,7 +85,7 @@ func readEvents(ctx context.Context, brokers []string) ([]Event, error) {
 		}
 		str := func(k string) string { s, _ := ce.Data[k].(string); return s }
 		num := func(k string) (int64, bool) { f, ok := ce.Data[k].(float64); return int64(f), ok }
-		e := Event{Type: ce.Type, Subject: ce.Subject, Time: ce.Time, Replica: str("replica"), Trigger: str("trigger"),
+		e := Event{ID: ce.ID, Type: ce.Type, Subject: ce.Subject, Time: ce.Time, Replica: str("replica"), Trigger: str("trigger"),
 			RequestID: str("request_id"), Owner: str("owner"), Reason: str("reason"), Error: str("error"),
 			Offset: rec.Offset, Partition: rec.Partition}
 		e.Fence, _ = num("fence")

@@ -75,15 +75,18 @@ func (c *Config) defaults() {
 
 // Product settings the verifier runs the replicas and workers with.
 const (
-	lockWaitTime       = time.Second
-	shutdownTimeout    = 10 * time.Second
-	kafkaSession       = 10 * time.Second
-	reaperEvery        = 5 * time.Second
-	billrunBatchSize   = 25
-	billrunWorkers     = 2
-	billrunBatchDelay  = 40 * time.Millisecond
-	replicaReadyBound  = 90 * time.Second
-	workloadDrainBound = 30 * time.Second
+	lockWaitTime      = time.Second
+	shutdownTimeout   = 10 * time.Second
+	kafkaSession      = 10 * time.Second
+	reaperEvery       = 5 * time.Second
+	billrunBatchSize  = 25
+	billrunWorkers    = 2
+	billrunBatchDelay = 40 * time.Millisecond
+	// eventsRepublishAfter plus the resume interval (15s) fit in the
+	// recovery phase many times over.
+	eventsRepublishAfter = 10 * time.Second
+	replicaReadyBound    = 90 * time.Second
+	workloadDrainBound   = 30 * time.Second
 )
 
 // Result is what a run produced.
@@ -295,6 +298,9 @@ func (r *run) replicaEnv() []string {
 		fmt.Sprintf("COORDINATOR_BILLRUN_BATCH_SIZE=%d", billrunBatchSize),
 		fmt.Sprintf("COORDINATOR_BILLRUN_WORKERS=%d", billrunWorkers),
 		"COORDINATOR_SHUTDOWN_TIMEOUT="+shutdownTimeout.String(),
+		// A run.completed lost with a killed owner is re-published well
+		// within the recovery phase.
+		"COORDINATOR_EVENTS_REPUBLISH_AFTER="+eventsRepublishAfter.String(),
 		// A killed replica's partitions move after 10 s; and a test hook of
 		// `coordinator serve` (not the configuration contract): batches are
 		// slowed a little so that faults land in the middle of runs.
@@ -391,6 +397,7 @@ func (r *run) recover(ctx context.Context) {
 	why, _ := r.hist.acceptedPeriods()
 	r.mu.Unlock()
 	var pending []string
+	var unacked int // COMPLETED, run.completed not yet acknowledged: a resumer re-publishes it
 	done := waitFor(ctx, r.cfg.Recovery, time.Second, func() bool {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
@@ -404,8 +411,11 @@ func (r *run) recover(ctx context.Context) {
 				pending = append(pending, p)
 			}
 		}
+		if unacked, err = unackedCompletions(cctx, r.pool); err != nil {
+			return false
+		}
 		ps, err := loadPool(cctx, r.pool, reaperEvery)
-		return err == nil && len(pending) == 0 && ps.StaleLeft == 0
+		return err == nil && len(pending) == 0 && unacked == 0 && ps.StaleLeft == 0
 	})
 	r.mu.Lock()
 	r.hist.CheckNS = Mono()
@@ -413,7 +423,7 @@ func (r *run) recover(ctx context.Context) {
 	if done {
 		r.logf("recovered in %s", time.Since(start).Round(100*time.Millisecond))
 	} else {
-		r.logf("not recovered within %s: %d bill runs not COMPLETED", r.cfg.Recovery, len(pending))
+		r.logf("not recovered within %s: %d bill runs not COMPLETED, %d run.completed not acknowledged", r.cfg.Recovery, len(pending), unacked)
 	}
 }
 

@@ -150,6 +150,10 @@ type Config struct {
 	// ResumeMaxAttempts bounds the resumer's attempts of one run that run
 	// and do not complete; then it is permanent and pages. Default 10.
 	ResumeMaxAttempts int
+	// EventsRepublishAfter is how long a COMPLETED bill run's run.completed
+	// may stay unacknowledged by Kafka before the resumers publish it
+	// again (same event id). Default 2m, 1s..24h.
+	EventsRepublishAfter time.Duration
 
 	// ProgressInterval is how often a run in flight logs its progress
 	// (<job>_progress records). Default 10s, at least 100ms.
@@ -408,6 +412,14 @@ func settings() []setting {
 			}},
 		{env: "COORDINATOR_RESUME_MAX_ATTEMPTS", flag: "resume-max-attempts", usage: "resume attempts of one run before it is permanent and pages", def: lit("10"),
 			apply: func(c *Config, v string) (err error) { c.ResumeMaxAttempts, err = positiveInt(v, 1000); return err }},
+		{env: "COORDINATOR_EVENTS_REPUBLISH_AFTER", flag: "events-republish-after", usage: "how long a completed bill run's run.completed may stay unacknowledged by Kafka before the resumers publish it again (same id)", def: lit("2m"),
+			apply: func(c *Config, v string) (err error) {
+				c.EventsRepublishAfter, err = duration(v, time.Second)
+				if err == nil && c.EventsRepublishAfter > 24*time.Hour {
+					err = errors.New("must be at most 24h")
+				}
+				return err
+			}},
 		{env: "COORDINATOR_PROGRESS_INTERVAL", flag: "progress-interval", usage: "how often a run in flight logs its progress (<job>_progress)", def: lit("10s"),
 			apply: func(c *Config, v string) (err error) {
 				c.ProgressInterval, err = duration(v, 100*time.Millisecond)

@@ -136,6 +136,24 @@ type Emitter interface {
 	Emit(ctx context.Context, e Event)
 }
 
+// Acker is an Emitter that can say when its destination acknowledged an
+// event (the Kafka sink: the broker's ack of that record). onAcked is called
+// at most once, and never for an event that was dropped; it runs on the
+// sink's producer goroutine, so it must not block (start a goroutine).
+type Acker interface {
+	EmitAcked(ctx context.Context, e Event, onAcked func())
+}
+
+// EmitAcked emits e through em and, when em is an Acker, asks to be told of
+// its acknowledgement; an emitter without one never calls onAcked.
+func EmitAcked(ctx context.Context, em Emitter, e Event, onAcked func()) {
+	if a, ok := em.(Acker); ok {
+		a.EmitAcked(ctx, e, onAcked)
+		return
+	}
+	em.Emit(ctx, e)
+}
+
 // EmitterFunc adapts a function to Emitter.
 type EmitterFunc func(ctx context.Context, e Event)
 
@@ -144,14 +162,27 @@ func (f EmitterFunc) Emit(ctx context.Context, e Event) { f(ctx, e) }
 // Multi sends every event to each emitter in turn.
 type Multi []Emitter
 
-func (m Multi) Emit(ctx context.Context, e Event) {
+func (m Multi) Emit(ctx context.Context, e Event) { m.EmitAcked(ctx, e, nil) }
+
+// EmitAcked sends e to each emitter; onAcked (if not nil) is called once,
+// when the first Acker among them acknowledges it.
+func (m Multi) EmitAcked(ctx context.Context, e Event, onAcked func()) {
 	if e.ID == "" {
 		e.ID = NewID()
 	}
 	if e.Time.IsZero() {
 		e.Time = time.Now()
 	}
+	if onAcked != nil {
+		var once sync.Once
+		acked := onAcked
+		onAcked = func() { once.Do(acked) }
+	}
 	for _, em := range m {
+		if a, ok := em.(Acker); ok && onAcked != nil {
+			a.EmitAcked(ctx, e, onAcked)
+			continue
+		}
 		em.Emit(ctx, e)
 	}
 }

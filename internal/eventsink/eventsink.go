@@ -150,7 +150,7 @@ func (m *Metrics) failed() {
 	}
 }
 
-// Kafka is an events.Emitter that publishes to Kafka.
+// Kafka is an events.Emitter that publishes to Kafka, and an events.Acker.
 type Kafka struct {
 	cfg Config
 	cl  *kgo.Client
@@ -227,7 +227,16 @@ func (k *Kafka) Start(context.Context) error {
 // mutex: when the buffer is full the oldest waiting event is dropped. A
 // span in ctx becomes the parent of the record's publish span (kotel, when
 // tracing is on); ctx's cancellation is not the record's.
-func (k *Kafka) Emit(ctx context.Context, e events.Event) {
+func (k *Kafka) Emit(ctx context.Context, e events.Event) { k.EmitAcked(ctx, e, nil) }
+
+// ackKey carries an event's onAcked in its record's Context, which the
+// record keeps through the client and a retry.
+type ackKey struct{}
+
+// EmitAcked is Emit, and onAcked (if not nil) is called once Kafka
+// acknowledged the event (events.Acker): on the producer's goroutine, so it
+// must not block. A dropped event (buffer full, sink stopped) never calls it.
+func (k *Kafka) EmitAcked(ctx context.Context, e events.Event, onAcked func()) {
 	if e.ID == "" {
 		e.ID = events.NewID()
 	}
@@ -248,6 +257,12 @@ func (k *Kafka) Emit(ctx context.Context, e events.Event) {
 	}
 	if ctx != nil && trace.SpanContextFromContext(ctx).IsValid() {
 		rec.Context = context.WithoutCancel(ctx)
+	}
+	if onAcked != nil {
+		if rec.Context == nil {
+			rec.Context = context.Background()
+		}
+		rec.Context = context.WithValue(rec.Context, ackKey{}, onAcked)
 	}
 	k.mu.Lock()
 	if k.stopped {
@@ -438,6 +453,11 @@ func (k *Kafka) promise(rec *kgo.Record, err error) {
 	k.signalLocked()
 	k.mu.Unlock()
 	k.poke()
+	if err == nil && rec.Context != nil {
+		if onAcked, ok := rec.Context.Value(ackKey{}).(func()); ok {
+			onAcked()
+		}
+	}
 }
 
 func (k *Kafka) poke() {

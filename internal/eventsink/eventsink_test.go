@@ -290,3 +290,49 @@ func TestFailedRecordIsNotOvertakenByLaterRecordsOfItsKey(t *testing.T) {
 	}
 	require.Equal(t, []string{"k-0", "k-1", "k-2", "k-3", "k-4"}, got, "per-key order kept across the retry")
 }
+
+// EmitAcked calls back once per event Kafka acknowledged, and never for an
+// event dropped from the full buffer while Kafka was down.
+func TestEmitAckedCallsBackOnlyForAcknowledgedEvents(t *testing.T) {
+	t.Parallel()
+	brokers, topic := eventsTopic(t)
+	seed := freePort(t) // Kafka down
+	sink, err := eventsink.New(eventsink.Config{Brokers: []string{seed}, Topic: topic, BufferSize: 8})
+	require.NoError(t, err)
+	require.NoError(t, sink.Start(context.Background()))
+	defer sink.Stop()
+
+	const n = 20
+	acked := make(chan string, 2*n)
+	for i := range n {
+		id := fmt.Sprintf("ev-%02d", i)
+		sink.EmitAcked(context.Background(), events.Event{ID: id, Type: events.RunCompleted, Key: "billrun:2026-11", Job: "billrun"},
+			func() { acked <- id })
+	}
+	require.EqualValues(t, n-8, sink.Dropped())
+	require.Empty(t, acked, "nothing is acknowledged while Kafka is down")
+
+	stop := proxy(t, seed, brokers[0])
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	require.NoError(t, sink.Flush(ctx))
+	got := map[string]bool{}
+	for len(got) < 8 {
+		select {
+		case id := <-acked:
+			require.False(t, got[id], "%s acknowledged twice", id)
+			got[id] = true
+		case <-ctx.Done():
+			t.Fatalf("only %d of 8 delivered events acknowledged: %v", len(got), got)
+		}
+	}
+	recs := testenv.ReadRecords(t, brokers, topic, 8)
+	for _, r := range recs {
+		var ce events.CloudEvent
+		require.NoError(t, json.Unmarshal(r.Value, &ce))
+		require.True(t, got[ce.ID], "delivered %s was acknowledged", ce.ID)
+	}
+	sink.Stop()
+	require.Empty(t, acked, "a dropped event is never acknowledged")
+}

@@ -72,6 +72,16 @@ func (m *Migrator) Up(ctx context.Context) ([]Applied, error) {
 	return applied(res), nil
 }
 
+// UpTo applies the pending migrations up to and including version (tests
+// that need rows written before a later migration).
+func (m *Migrator) UpTo(ctx context.Context, version int64) ([]Applied, error) {
+	res, err := m.provider.UpTo(ctx, version)
+	if err != nil {
+		return nil, fmt.Errorf("migrate up to %d: %w", version, err)
+	}
+	return applied(res), nil
+}
+
 // DownAll reverses every applied migration, newest first.
 func (m *Migrator) DownAll(ctx context.Context) ([]Applied, error) {
 	res, err := m.provider.DownTo(ctx, 0)

@@ -134,3 +134,41 @@ func TestPendingDoesNotWaitForTheMigrationLock(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, pending)
 }
+
+// 00014 adds bill_runs.completed_event_at: the rows already COMPLETED are
+// taken as published (set to finished_at), so an upgrade does not make the
+// resumers re-publish every run.completed; other rows stay NULL.
+func TestCompletedEventAtIsSetForRowsCompletedBeforeIt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pg := testenv.PostgresEmpty(t)
+	m, err := migrate.New(pg.Pool)
+	require.NoError(t, err)
+	defer m.Close()
+	_, err = m.UpTo(ctx, 13)
+	require.NoError(t, err)
+	_, err = pg.Pool.Exec(ctx, `insert into bill_runs (period, status, owner, fence, finished_at) values
+		('2026-09', 'COMPLETED', 'r1', 1, '2026-10-01T03:00:00Z'),
+		('2026-10', 'COMPLETED', 'r1', 2, null),
+		('2026-11', 'RUNNING', 'r2', 1, null)`)
+	require.NoError(t, err)
+	applied, err := m.Up(ctx)
+	require.NoError(t, err)
+	require.NotEmpty(t, applied)
+	require.Equal(t, int64(14), applied[0].Version)
+
+	got := map[string]*time.Time{}
+	rows, err := pg.Pool.Query(ctx, `select period, completed_event_at from bill_runs`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var p string
+		var at *time.Time
+		require.NoError(t, rows.Scan(&p, &at))
+		got[p] = at
+	}
+	require.NoError(t, rows.Err())
+	require.NotNil(t, got["2026-09"])
+	require.True(t, got["2026-09"].Equal(time.Date(2026, 10, 1, 3, 0, 0, 0, time.UTC)), "set to finished_at: %s", got["2026-09"])
+	require.NotNil(t, got["2026-10"], "a COMPLETED row without finished_at is taken as published too")
+	require.Nil(t, got["2026-11"], "a run not COMPLETED has no acknowledged run.completed")
+}

@@ -16,7 +16,9 @@
 // (GET HTTPPath/{id}), Observer (metrics of its own), RecordKeyed,
 // Configurer (Decode and Flags that depend on the deployment's
 // configuration: a bill run admits only periods closed in the billing zone),
-// and Resumable (its incomplete runs, for the resumer).
+// Resumable (its incomplete runs, for the resumer), and CompletionRecorder
+// (its store records Kafka's acknowledgement of run.completed, so the
+// resumer re-publishes one lost with a crash: at least once, same id).
 // A RejectError marked Unprocessable is answered 422 over HTTP.
 //
 // The kind's name is its entry in the registry of lock-key namespaces:
@@ -92,6 +94,13 @@
 // goes. Lost or a transient failure: attempts+1, next try after the
 // interval doubled per attempt (at most 1h); MaxAttempts spent: permanent.
 // already_owned or unavailable: tried at the next scan, not counted.
+//
+// On a ticker of its own, the resumer also re-publishes the run.completed
+// of every CompletionRecorder kind's completions left unacknowledged for
+// RepublishAfter (a bill run's owner killed with the event in its sink's
+// buffer), with the id the kind stored with the completion
+// (Run.CompletionEventID) and data.republished_by; the kind marks them once
+// the sink acknowledged the copy.
 //
 //	accepted ─▶ run ─┬─ completed ──────────────▶ (request deleted)
 //	                 ├─ failed, permanent ──────▶ permanent: pages

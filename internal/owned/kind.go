@@ -214,3 +214,48 @@ type Incomplete struct {
 	// State is the store's word for it (RUNNING, INTERRUPTED, FAILED).
 	State string
 }
+
+// CompletionRecorder is a Worker whose store records, besides that a run
+// completed, whether its run.completed was acknowledged by the events topic
+// (a bill run: bill_runs.completed_event_at), so that the event is at least
+// once across a crash of its replica: the Worker stores, with the
+// completion, the id the template will give the run's run.completed
+// (Run.CompletionEventID, random per run); the template marks it published
+// once the sink acknowledged that event; every replica's resumer
+// re-publishes, with the stored id, the completions left unmarked for
+// RepublishAfter (the owner was SIGKILLed with the event in its buffer, or
+// the buffer overflowed). Consumers drop the duplicates by id.
+type CompletionRecorder interface {
+	// RecordsCompletion says whether the completion of a run with p is
+	// recorded (a bill run's is; an adjustment run's is not: its
+	// run.completed stays at most once, with a random id).
+	RecordsCompletion(p Params) bool
+	// CompletionPublished marks the completion of p under claim fence as
+	// acknowledged. Called only after the sink acknowledged its
+	// run.completed; marking twice is harmless.
+	CompletionPublished(ctx context.Context, p Params, fence int64) error
+	// UnpublishedCompletions lists at most limit completions not marked
+	// published that ended more than olderThan ago, oldest first; only those
+	// whose run.completed id the store kept.
+	UnpublishedCompletions(ctx context.Context, olderThan time.Duration, limit int) ([]Completion, error)
+}
+
+// Completion is one completed run whose run.completed is not known to be
+// published.
+type Completion struct {
+	// Params are the run's parameters (LockKey must handle them).
+	Params Params
+	// EventID is the id of the run's run.completed (Run.CompletionEventID),
+	// as the store kept it: a re-publication repeats it.
+	EventID string
+	// Owner is the replica that completed it; Fence its claim fence,
+	// LockFence its lock's fencing token.
+	Owner            string
+	Fence, LockFence int64
+	// Trigger is the completed run's request, as the store recorded it.
+	Trigger job.Trigger
+	// Counts are the totals the store kept (the event's data).
+	Counts map[string]int64
+	// Finished is when the run completed.
+	Finished time.Time
+}

@@ -24,6 +24,15 @@ const (
 	DefaultResumeMaxAttempts = 10
 	// maxResumeBackoff caps the delay between two attempts of one request.
 	maxResumeBackoff = time.Hour
+	// DefaultRepublishAfter is how long a completion may stay unmarked
+	// before the resumers publish its run.completed again
+	// (COORDINATOR_EVENTS_REPUBLISH_AFTER): far longer than a live owner's
+	// sink takes to deliver (milliseconds; seconds across a broker
+	// restart), so a re-publication nearly always means the owner died with
+	// the event in its buffer, or the buffer dropped it.
+	DefaultRepublishAfter = 2 * time.Minute
+	// republishLimit bounds the completions one scan re-publishes per kind.
+	republishLimit = 100
 )
 
 // ResumerConfig configures a Resumer.
@@ -49,6 +58,11 @@ type ResumerConfig struct {
 	// Locks, when set, lets a scan skip the runs whose lock is held (their
 	// owner is working) instead of waiting for it. Optional.
 	Locks ownership.Inspector
+	// RepublishAfter is how long a completion of a CompletionRecorder kind
+	// stays unacknowledged before a scan publishes its run.completed again
+	// (COORDINATOR_EVENTS_REPUBLISH_AFTER). Default DefaultRepublishAfter.
+	// A replica re-publishes one event at most once per RepublishAfter.
+	RepublishAfter time.Duration
 	// Log defaults to discard.
 	Log *slog.Logger
 	// Registerer gets the resumer's metrics. Nil: not registered.
@@ -73,6 +87,12 @@ type Resumer struct {
 	log   *slog.Logger
 	m     *resumerMetrics
 	kinds []Kind
+	// recorders are the kinds whose Worker is a CompletionRecorder;
+	// republished the ids this replica re-published and when, so an event
+	// waiting in its sink is not queued again (under repMu).
+	recorders   []Kind
+	repMu       sync.Mutex
+	republished map[string]time.Time
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -87,8 +107,12 @@ func NewResumer(cfg ResumerConfig) (*Resumer, error) {
 	if cfg.Runner == nil || cfg.Runner.requests == nil {
 		return nil, errors.New("owned: NewResumer needs a Runner with a database")
 	}
-	if cfg.Interval < 0 || cfg.MaxAttempts < 0 {
-		return nil, fmt.Errorf("owned: resumer interval %s and max attempts %d must not be negative", cfg.Interval, cfg.MaxAttempts)
+	if cfg.Interval < 0 || cfg.MaxAttempts < 0 || cfg.RepublishAfter < 0 {
+		return nil, fmt.Errorf("owned: resumer interval %s, max attempts %d and republish after %s must not be negative",
+			cfg.Interval, cfg.MaxAttempts, cfg.RepublishAfter)
+	}
+	if cfg.RepublishAfter == 0 {
+		cfg.RepublishAfter = DefaultRepublishAfter
 	}
 	if cfg.Interval == 0 {
 		cfg.Interval = DefaultResumeInterval
@@ -106,14 +130,24 @@ func NewResumer(cfg ResumerConfig) (*Resumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Resumer{cfg: cfg, reqs: cfg.Runner.requests, log: cfg.Log, m: m, done: make(chan struct{})}
+	s := &Resumer{cfg: cfg, reqs: cfg.Runner.requests, log: cfg.Log, m: m, done: make(chan struct{}),
+		republished: map[string]time.Time{}}
 	for _, k := range cfg.Runner.reg.Kinds() {
-		if _, ok := cfg.Runner.Worker(k.Spec().Name).(Resumable); ok {
+		w := cfg.Runner.Worker(k.Spec().Name)
+		if _, ok := w.(Resumable); ok {
 			s.kinds = append(s.kinds, k)
 			m.reset(k.Spec().Name)
 		}
+		if _, ok := w.(CompletionRecorder); ok {
+			s.recorders = append(s.recorders, k)
+			m.republished.WithLabelValues(k.Spec().Name)
+		}
 	}
-	sort.Slice(s.kinds, func(i, j int) bool { return s.kinds[i].Spec().Name < s.kinds[j].Spec().Name })
+	byName := func(ks []Kind) func(i, j int) bool {
+		return func(i, j int) bool { return ks[i].Spec().Name < ks[j].Spec().Name }
+	}
+	sort.Slice(s.kinds, byName(s.kinds))
+	sort.Slice(s.recorders, byName(s.recorders))
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s, nil
 }
@@ -136,7 +170,8 @@ func (s *Resumer) Start(context.Context) error {
 	}
 	s.began = true
 	go s.loop()
-	s.log.Info("resumer_started", "kinds", s.Kinds(), "interval", s.cfg.Interval, "max_attempts", s.cfg.MaxAttempts)
+	s.log.Info("resumer_started", "kinds", s.Kinds(), "interval", s.cfg.Interval, "max_attempts", s.cfg.MaxAttempts,
+		"republish_after", s.cfg.RepublishAfter)
 	return nil
 }
 
@@ -159,10 +194,22 @@ func (s *Resumer) Stop() {
 
 func (s *Resumer) loop() {
 	defer close(s.done)
+	// Re-publication on a ticker of its own: a resumed run blocks its scan
+	// for as long as it runs, and a lost run.completed must not wait for it.
+	var wg sync.WaitGroup
+	if len(s.recorders) > 0 {
+		wg.Go(func() { s.every(s.republishAll) })
+	}
+	s.every(s.resumeAll)
+	wg.Wait()
+}
+
+// every runs scan now and then every Interval until Stop.
+func (s *Resumer) every(scan func(context.Context)) {
 	t := time.NewTicker(s.cfg.Interval)
 	defer t.Stop()
 	for {
-		s.Scan(s.ctx)
+		scan(s.ctx)
 		select {
 		case <-s.ctx.Done():
 			return
@@ -171,9 +218,29 @@ func (s *Resumer) loop() {
 	}
 }
 
-// Scan looks once for incomplete runs of every Resumable kind and runs the
-// due ones. The loop calls it; tests may too.
+// Scan re-publishes the unacknowledged completions of every
+// CompletionRecorder kind, then looks once for incomplete runs of every
+// Resumable kind and runs the due ones. The loop runs the two on tickers of
+// their own; tests call Scan.
 func (s *Resumer) Scan(ctx context.Context) {
+	s.republishAll(ctx)
+	s.resumeAll(ctx)
+}
+
+// republishAll re-publishes the unacknowledged completions of every
+// CompletionRecorder kind.
+func (s *Resumer) republishAll(ctx context.Context) {
+	for _, k := range s.recorders {
+		if ctx.Err() != nil {
+			return
+		}
+		s.republish(ctx, k)
+	}
+}
+
+// resumeAll looks once for incomplete runs of every Resumable kind and runs
+// the due ones (each to its end: a resumed run may take long).
+func (s *Resumer) resumeAll(ctx context.Context) {
 	var held map[string]bool
 	if s.cfg.Locks != nil {
 		lctx, cancel := context.WithTimeout(ctx, requestTimeout)
@@ -237,6 +304,60 @@ func (s *Resumer) scanKind(ctx context.Context, k Kind, held map[string]bool) {
 			return
 		}
 		s.attempt(ctx, k, q)
+	}
+}
+
+// republish publishes again the run.completed of k's completions that no
+// sink acknowledged within RepublishAfter (their owner was killed with the
+// event in its buffer, or the buffer dropped it), with the id the owner
+// gave it (stored with the completion), data.replica the owner and data.fence the
+// claim's; data.republished_by names this replica. The completion is marked
+// only once the sink acknowledged this event; one dropped again stays for a
+// later scan. Replicas may re-publish one completion each: the copies share
+// the id (at least once).
+func (s *Resumer) republish(ctx context.Context, k Kind) {
+	name := k.Spec().Name
+	w := s.cfg.Runner.Worker(name).(CompletionRecorder)
+	s.repMu.Lock()
+	defer s.repMu.Unlock()
+	now := time.Now()
+	for id, at := range s.republished {
+		if now.Sub(at) >= s.cfg.RepublishAfter {
+			delete(s.republished, id)
+		}
+	}
+	lctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	list, err := w.UnpublishedCompletions(lctx, s.cfg.RepublishAfter, republishLimit)
+	cancel()
+	if err != nil {
+		s.log.Warn("republish_list_failed", "job", name, "error", err)
+		return
+	}
+	replica := s.cfg.Runner.Replica()
+	for _, c := range list {
+		key := k.LockKey(c.Params)
+		id := c.EventID
+		if _, ok := s.republished[id]; ok {
+			continue // still waiting in this replica's sink, or just marked
+		}
+		s.republished[id] = now
+		extra := make(map[string]any, len(c.Counts)+3)
+		for k, v := range c.Counts {
+			extra[k] = v
+		}
+		if c.LockFence != 0 {
+			extra["lock_fence"] = c.LockFence
+		}
+		extra["republished"] = true
+		extra["republished_by"] = replica
+		e := events.Event{ID: id, Time: c.Finished, Type: events.RunCompleted, Key: key, Job: name, Replica: c.Owner,
+			Trigger: string(c.Trigger.Source), RequestID: c.Trigger.RequestID, RequestedBy: c.Trigger.RequestedBy,
+			Principal: c.Trigger.Principal, Fence: c.Fence, Extra: extra}
+		log := s.log.With("job", name, "lock_key", key, "fence", c.Fence)
+		log.Warn("run_completed_republished", "event_id", id, "owner", c.Owner, "finished_at", c.Finished,
+			"detail", "no acknowledgement of its run.completed was recorded: published again with the same id")
+		s.m.republished.WithLabelValues(name).Inc()
+		events.EmitAcked(context.WithoutCancel(ctx), s.cfg.Runner.emit, e, s.cfg.Runner.markPublished(w, c.Params, c.Fence, log))
 	}
 }
 
@@ -314,6 +435,9 @@ type resumerMetrics struct {
 	incomplete *prometheus.GaugeVec
 	attempts   *prometheus.CounterVec
 	gaveUp     *prometheus.CounterVec
+	// republished counts the run.completed events this replica published
+	// again (CompletionRecorder).
+	republished *prometheus.CounterVec
 }
 
 func newResumerMetrics(reg prometheus.Registerer) (*resumerMetrics, error) {
@@ -334,9 +458,13 @@ func newResumerMetrics(reg prometheus.Registerer) (*resumerMetrics, error) {
 			Name: "coordinator_resume_gave_up_total",
 			Help: "Requests this replica's resumer made permanent (attempts spent, a permanent failure, or a request that no longer decodes).",
 		}, []string{"job"}),
+		republished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "coordinator_events_republished_total",
+			Help: "run.completed events this replica's resumer published again because no acknowledgement of them was recorded within COORDINATOR_EVENTS_REPUBLISH_AFTER (same event id).",
+		}, []string{"job"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.oldest, m.incomplete, m.attempts, m.gaveUp} {
+		for _, c := range []prometheus.Collector{m.oldest, m.incomplete, m.attempts, m.gaveUp, m.republished} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("owned: register resumer metrics: %w", err)
 			}

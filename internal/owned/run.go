@@ -25,6 +25,7 @@ type Run struct {
 	acquired          time.Time
 	log               *slog.Logger
 	emit              events.Emitter
+	completionID      string // the id of this run's run.completed (CompletionEventID)
 
 	prog progress
 
@@ -38,6 +39,11 @@ type Run struct {
 
 // Job is the kind's name.
 func (r *Run) Job() string { return r.job }
+
+// CompletionEventID is the id the template gives this run's run.completed
+// (random, one per run). A CompletionRecorder stores it with the completion,
+// so that a re-publication of a lost event carries the same id.
+func (r *Run) CompletionEventID() string { return r.completionID }
 
 // Key is the lock key.
 func (r *Run) Key() string { return r.key }
@@ -72,6 +78,12 @@ func (r *Run) Emit(ctx context.Context, typ events.Type, data map[string]any) {
 }
 
 func (r *Run) send(ctx context.Context, typ events.Type, fence int64, owner string, data map[string]any) {
+	r.sendAcked(ctx, typ, fence, owner, data, "", nil)
+}
+
+// sendAcked is send with the event's id (empty: random) and, when onAcked is
+// not nil, a call once the sink acknowledged it (events.Acker).
+func (r *Run) sendAcked(ctx context.Context, typ events.Type, fence int64, owner string, data map[string]any, id string, onAcked func()) {
 	extra := make(map[string]any, len(data)+1)
 	for k, v := range data {
 		extra[k] = v
@@ -83,13 +95,17 @@ func (r *Run) send(ctx context.Context, typ events.Type, fence int64, owner stri
 		Type: typ, Key: r.key, Job: r.job, Replica: r.replica, Trigger: string(r.trigger.Source),
 		RequestID: r.trigger.RequestID, RequestedBy: r.trigger.RequestedBy, Principal: r.trigger.Principal,
 		Fence: fence, Owner: owner, Extra: extra,
-		TraceParent: r.traceparent, TraceState: r.tracestate,
+		TraceParent: r.traceparent, TraceState: r.tracestate, ID: id,
 	}
-	if r.recording { // the event span names the id; otherwise the sinks give it one
+	if e.ID == "" && r.recording { // the event span names the id; otherwise the sinks give it one
 		e.ID = events.NewID()
 	}
 	ctx, span := r.eventSpan(context.WithoutCancel(ctx), &e)
-	r.emit.Emit(ctx, e)
+	if onAcked != nil {
+		events.EmitAcked(ctx, r.emit, e, onAcked)
+	} else {
+		r.emit.Emit(ctx, e)
+	}
 	span.End()
 }
 

@@ -162,7 +162,7 @@ func (r *Runner) Begin(ctx context.Context, k Kind, p Params, t job.Trigger) (*O
 	if t.Principal != "" {
 		log = log.With("principal", t.Principal)
 	}
-	o.run = &Run{job: spec.Name, key: key, replica: r.replica, trigger: t, emit: r.emit, log: log}
+	o.run = &Run{job: spec.Name, key: key, replica: r.replica, trigger: t, emit: r.emit, log: log, completionID: events.NewID()}
 	o.run.startTrace(ctx, r.tracer)
 	switch {
 	case o.worker == nil:
@@ -328,7 +328,16 @@ func (o *Owned) settle(ctx context.Context, rep Report, err, cause error) job.Ou
 	data := countsData(rep.Counts, rep.Data)
 	switch outcome {
 	case job.OutcomeCompleted:
-		o.run.send(ctx, events.RunCompleted, o.run.fence, "", data)
+		if cr, ok := o.worker.(CompletionRecorder); ok && cr.RecordsCompletion(o.params) {
+			// At least once: the id the Worker stored with the completion,
+			// and the store marks it published only once the sink
+			// acknowledged that event; the resumers re-publish it otherwise
+			// (CompletionRecorder).
+			o.run.sendAcked(ctx, events.RunCompleted, o.run.fence, "", data, o.run.completionID,
+				o.r.markPublished(cr, o.params, o.run.fence, o.run.log))
+		} else {
+			o.run.send(ctx, events.RunCompleted, o.run.fence, "", data)
+		}
 	case job.OutcomeLost:
 		o.res.Error = "ownership lost: " + reason
 		if err != nil && !errors.Is(err, ErrLost) {
@@ -349,6 +358,24 @@ func (o *Owned) settle(ctx context.Context, rep Report, err, cause error) job.Ou
 	}
 	o.release(ctx)
 	return outcome
+}
+
+// markPublished returns the callback of a tracked run.completed's
+// acknowledgement: it records the completion published in the kind's store,
+// in a goroutine of its own (the callback runs on the sink's producer) under
+// requestTimeout. A mark that fails leaves the completion to the resumers,
+// which re-publish it with the same id.
+func (r *Runner) markPublished(cr CompletionRecorder, p Params, fence int64, log *slog.Logger) func() {
+	return func() {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+			defer cancel()
+			if err := cr.CompletionPublished(ctx, p, fence); err != nil {
+				log.Warn("run_completed_mark_failed", "fence", fence, "error", err,
+					"detail", "the resumers will publish run.completed again, with the same id")
+			}
+		}()
+	}
 }
 
 // classify: nil is completed; a *LostError, an error caused by the lease

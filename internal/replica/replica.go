@@ -523,7 +523,7 @@ func (r *Replica) startResumer(ctx context.Context) error {
 	}
 	disp := r.disp
 	res, err := owned.NewResumer(owned.ResumerConfig{Runner: r.runner, Interval: r.cfg.ResumeInterval,
-		MaxAttempts: r.cfg.ResumeMaxAttempts, Locks: inspector, Log: r.log, Registerer: r.reg,
+		MaxAttempts: r.cfg.ResumeMaxAttempts, RepublishAfter: r.cfg.EventsRepublishAfter, Locks: inspector, Log: r.log, Registerer: r.reg,
 		Run: func(ctx context.Context, k owned.Kind, p owned.Params, t job.Trigger) job.Result {
 			res, _ := disp.Run(ctx, k, p, t)
 			return res
@@ -594,6 +594,7 @@ func (r *Replica) logStarted() {
 		"tracing", r.rc.Telemetry.Exporter(),
 		"progress_interval", cfg.ProgressInterval,
 		"resume_interval", cfg.ResumeInterval,
+		"events_republish_after", cfg.EventsRepublishAfter,
 		"kafka_session_timeout", cfg.KafkaSessionTimeout,
 	)
 }
