@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -251,8 +252,14 @@ func TestRerunAfterCompletionWritesNothing(t *testing.T) {
 	}
 	before := snapshot()
 	b.rec = &events.Recorder{}
-	res := b.runner(billrun.Config{}).Run(context.Background(), period, trig())
+	logs := newLines()
+	res := b.runner(billrun.Config{Logger: slog.New(slog.NewJSONHandler(logs, nil))}).Run(context.Background(), period, trig())
 	require.Equal(t, job.OutcomeAlreadyCompleted, res.Outcome, res.Error)
+	logs.mu.Lock()
+	for _, l := range logs.all {
+		require.NotEqual(t, "billrun_retry", l["msg"], "finding the period COMPLETED is an answer, not a fault to retry: %v", l)
+	}
+	logs.mu.Unlock()
 	require.Equal(t, 0, res.Outcome.ExitCode())
 	require.Equal(t, int64(1), res.Fence)
 	require.Equal(t, before, snapshot(), "an already completed run writes nothing")

@@ -88,7 +88,8 @@ func ConstraintName(err error) string {
 // shutdowns, serialization failures and deadlocks. Constraint violations and
 // syntax errors are not.
 func IsTransient(err error) bool {
-	if err == nil {
+	if err == nil || errors.Is(err, pgx.ErrNoRows) || errors.Is(err, pgx.ErrTooManyRows) {
+		// An answer, not a fault: asking again repeats it.
 		return false
 	}
 	switch c := Code(err); {
