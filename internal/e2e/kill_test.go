@@ -19,9 +19,10 @@ func TestOwnerKilledMidRunAnotherResumes(t *testing.T) {
 	period := monthsAgo(5)
 	key := "billrun:" + period
 	d.seedSubscribers(3000, period)
-	// 26 batches at 400 ms over 4 workers: about 3 s of run to kill into.
+	// 26 batches at 1 s over 4 workers: seconds of run to kill into, also
+	// when the test itself is starved on a loaded machine.
 	rs := d.startReplicas(3, map[string]string{
-		"COORDINATOR_TEST_BILLRUN_BATCH_DELAY": "400ms",
+		"COORDINATOR_TEST_BILLRUN_BATCH_DELAY": "1s",
 		"COORDINATOR_LOCK_WATCHDOG_TIMEOUT":    "2s",
 	}, "--reaper-schedule=")
 

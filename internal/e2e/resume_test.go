@@ -49,7 +49,10 @@ func TestOwnerKilledMidRunIsResumedWithoutANewTrigger(t *testing.T) {
 			d := newDeployment(t, "")
 			key := "billrun:" + c.period
 			d.seedSubscribers(3000, c.period)
-			slow := map[string]string{"COORDINATOR_TEST_BILLRUN_BATCH_DELAY": "400ms"}
+			// ~30 batches on 4 workers at 1 s each: the owner is killed
+			// between its first and its last batch with seconds to spare on a
+			// loaded machine (at 400 ms a starved test saw it COMPLETED first).
+			slow := map[string]string{"COORDINATOR_TEST_BILLRUN_BATCH_DELAY": "1s"}
 			args := []string{"--reaper-schedule="}
 			survivor := d.start("r2", slow, "--reaper-schedule=")
 			var owner *replica
