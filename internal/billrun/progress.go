@@ -37,7 +37,7 @@ func (x *execution) startTotal(ctx context.Context, wg *sync.WaitGroup, skipped 
 func (t *total) estimate(ctx context.Context) {
 	x := t.x
 	var left int64
-	if err := x.pool.QueryRow(ctx, sqlCountToPlan, x.period.String(), x.cut.start, x.cut.end, x.cut.at).Scan(&left); err != nil {
+	if err := x.pool.QueryRow(ctx, sqlCountToPlan, x.period.String(), x.cut.start, x.cut.end, x.cut.at, x.fence).Scan(&left); err != nil {
 		if ctx.Err() == nil {
 			x.log.Warn("billrun_count_failed", "error", err, "detail", "progress has no total until the plan is complete")
 		}

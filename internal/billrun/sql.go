@@ -117,17 +117,19 @@ where r.period = $1`
 // narrow one): about 0.6 ms per 1,000 ids.
 
 // sqlCountToPlan estimates what a run still has to plan: the period's
-// population less those in the period's committed batches (as they were
-// counted when committed).
+// population less those in the batches earlier claims committed (as they
+// were counted when committed). Not this claim's own ($5): the run plans
+// those, and a count that ran after its first commits undercounted the
+// total by them (TestCountToPlanLeavesThisClaimsBatchesIn).
 //
-// $1 period, $2 period start, $3 period end, $4 cutoff.
+// $1 period, $2 period start, $3 period end, $4 cutoff, $5 claim fence.
 const sqlCountToPlan = `
 select (select count(*) from subscribers s
         where s.created_at <= $4
           and (s.activated_at is null or s.activated_at < $3)
           and (s.deactivated_at is null or s.deactivated_at > $2)
           and (s.status = 'ACTIVE' or s.deactivated_at is not null))
-     - (select coalesce(sum(subscribers), 0) from bill_run_batches where period = $1)`
+     - (select coalesce(sum(subscribers), 0) from bill_run_batches where period = $1 and fence <> $5)`
 
 // sqlRecordTotal stores the run's batches total (the progress
 // denominator) in bill_run_totals while the claim is ours. Not an UPDATE of
