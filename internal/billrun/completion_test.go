@@ -57,6 +57,23 @@ func (a *ackEmitter) completed() []events.Event {
 	return out
 }
 
+// lossyRunner runs bill runs as replica ("": the locker's owner) whose
+// run.completed is lost (em.drop) until the test sets drop to false.
+func lossyRunner(b *bundle, replica string) (*ackEmitter, runner) {
+	em := &ackEmitter{}
+	em.drop.Store(true)
+	return em, newRunner(b.pool, b.locker, replica, em, billrun.Config{BatchSize: 25, RetryBackoff: 10 * time.Millisecond})
+}
+
+// scanOnce is one scan of a fresh resumer on tmpl (no memory of earlier
+// re-publications) whose grace period is after.
+func scanOnce(t *testing.T, tmpl *owned.Runner, after time.Duration) {
+	t.Helper()
+	rs, err := owned.NewResumer(owned.ResumerConfig{Runner: tmpl, RepublishAfter: after})
+	require.NoError(t, err)
+	rs.Scan(context.Background())
+}
+
 // completedEventAt reads bill_runs.completed_event_at of period (nil: NULL).
 func (b *bundle) completedEventAt(t require.TestingT, p billrun.Period) *time.Time {
 	var at *time.Time
@@ -84,10 +101,8 @@ func TestLostRunCompletedIsRepublishedWithItsID(t *testing.T) {
 	b := setup(t)
 	b.seed(t, billrun.SeedConfig{Subscribers: 60})
 	ctx := context.Background()
-	em := &ackEmitter{}
-	em.drop.Store(true)
-	cfg := billrun.Config{BatchSize: 25, RetryBackoff: 10 * time.Millisecond}
-	res := newRunner(b.pool, b.locker, "", em, cfg).Run(ctx, period, trig())
+	em, r := lossyRunner(b, "")
+	res := r.Run(ctx, period, trig())
 	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
 	require.Len(t, em.lost, 1)
 	lost := em.lost[0]
@@ -96,10 +111,10 @@ func TestLostRunCompletedIsRepublishedWithItsID(t *testing.T) {
 	require.Nil(t, b.completedEventAt(t, period), "no acknowledgement, no mark")
 
 	// Another replica's resumer; the grace is over at once.
-	other := newRunner(b.pool, b.locker, "replica-b", em, cfg)
+	other := newRunner(b.pool, b.locker, "replica-b", em, billrun.Config{BatchSize: 25, RetryBackoff: 10 * time.Millisecond})
+	em.drop.Store(false)
 	rs, err := owned.NewResumer(owned.ResumerConfig{Runner: other.template, RepublishAfter: time.Nanosecond})
 	require.NoError(t, err)
-	em.drop.Store(false)
 	rs.Scan(ctx)
 	again := em.completed()
 	require.Len(t, again, 1)
@@ -121,9 +136,7 @@ func TestLostRunCompletedIsRepublishedWithItsID(t *testing.T) {
 	rs.Scan(ctx)
 	require.Len(t, em.completed(), 1, "an acknowledged completion is not published again")
 	// Nor by a fresh replica, which has no memory of it.
-	rs2, err := owned.NewResumer(owned.ResumerConfig{Runner: other.template, RepublishAfter: time.Nanosecond})
-	require.NoError(t, err)
-	rs2.Scan(ctx)
+	scanOnce(t, other.template, time.Nanosecond)
 	require.Len(t, em.completed(), 1)
 }
 
@@ -134,29 +147,20 @@ func TestRepublishedRunCompletedLostAgainStaysForTheNextScan(t *testing.T) {
 	b := setup(t)
 	b.seed(t, billrun.SeedConfig{Subscribers: 30})
 	ctx := context.Background()
-	em := &ackEmitter{}
-	em.drop.Store(true)
-	cfg := billrun.Config{BatchSize: 25, RetryBackoff: 10 * time.Millisecond}
-	r := newRunner(b.pool, b.locker, "", em, cfg)
+	em, r := lossyRunner(b, "")
 	res := r.Run(ctx, period, trig())
 	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
 
-	within, err := owned.NewResumer(owned.ResumerConfig{Runner: r.template, RepublishAfter: time.Hour})
-	require.NoError(t, err)
-	within.Scan(ctx)
+	scanOnce(t, r.template, time.Hour)
 	require.Len(t, em.lost, 1, "within the grace period nothing is re-published")
 
-	rs, err := owned.NewResumer(owned.ResumerConfig{Runner: r.template, RepublishAfter: time.Nanosecond})
-	require.NoError(t, err)
-	rs.Scan(ctx) // dropped again
+	scanOnce(t, r.template, time.Nanosecond) // dropped again
 	require.Len(t, em.lost, 2)
 	require.Equal(t, em.lost[0].ID, em.lost[1].ID)
 	require.Nil(t, b.completedEventAt(t, period))
 
 	em.drop.Store(false)
-	rs2, err := owned.NewResumer(owned.ResumerConfig{Runner: r.template, RepublishAfter: time.Nanosecond})
-	require.NoError(t, err)
-	rs2.Scan(ctx)
+	scanOnce(t, r.template, time.Nanosecond)
 	require.Len(t, em.completed(), 1)
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		require.NotNil(c, b.completedEventAt(c, period))
@@ -238,9 +242,7 @@ func TestCompletionWithoutAStoredIDIsNotRepublished(t *testing.T) {
 	older := period.Previous()
 	b.seed(t, billrun.SeedConfig{Subscribers: 30})
 	ctx := context.Background()
-	em := &ackEmitter{}
-	em.drop.Store(true)
-	r := newRunner(b.pool, b.locker, "", em, billrun.Config{BatchSize: 25, RetryBackoff: 10 * time.Millisecond})
+	em, r := lossyRunner(b, "")
 	for _, p := range []billrun.Period{older, period} {
 		res := r.Run(ctx, p, trig())
 		require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
@@ -250,9 +252,7 @@ func TestCompletionWithoutAStoredIDIsNotRepublished(t *testing.T) {
 	require.NoError(t, err)
 
 	em.drop.Store(false)
-	rs, err := owned.NewResumer(owned.ResumerConfig{Runner: r.template, RepublishAfter: time.Nanosecond})
-	require.NoError(t, err)
-	rs.Scan(ctx)
+	scanOnce(t, r.template, time.Nanosecond)
 	again := em.completed()
 	require.Len(t, again, 1, "only the completion whose id was kept is re-published")
 	require.Equal(t, billrun.LockKey(period), again[0].Key)
