@@ -619,6 +619,10 @@ func checkEvents(h *History) []Anomaly {
 				d += fmt.Sprintf("; its owner %s was SIGKILLed at %s, so the event was probably still in its in-memory buffer, and no resumer re-published it (bill_runs.completed_event_at) before the check", r.ID, h.rel(r.ExitNS))
 			}
 			out = append(out, Anomaly{KindEventsRunCompleted, d})
+		case br.Status == "COMPLETED" && br.EventID != "" && evs[0].ID != br.EventID:
+			out = append(out, Anomaly{KindEventsRunCompleted, fmt.Sprintf(
+				"billrun:%s's run.completed has id %s (%s), but bill_runs stored %s: a re-publication would not be recognised as the same event",
+				br.Period, evs[0].ID, evs[0].Replica, br.EventID)})
 		case br.Status == "COMPLETED" && len(evs) > 1:
 			var who []string
 			for _, e := range evs {

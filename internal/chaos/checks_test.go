@@ -269,6 +269,13 @@ func TestCheckEventsCountsCompletionsByEventID(t *testing.T) {
 
 	h.Events = nil
 	requireKinds(t, checkEvents(h), KindEventsRunCompleted)
+
+	// The id must be the one the completion stored.
+	h.BillRuns[0].EventID = "c0ffee"
+	h.Events = []Event{completed("c0ffee", "r1-1"), completed("c0ffee", "r2-1")}
+	requireKinds(t, checkEvents(h))
+	h.Events = []Event{completed("feed", "r1-1")}
+	requireKinds(t, checkEvents(h), KindEventsRunCompleted)
 }
 
 func TestCheckPoison(t *testing.T) {

@@ -166,14 +166,15 @@ func loadProcs(ctx context.Context, q interface {
 
 func loadBillRuns(ctx context.Context, pool *pgxpool.Pool) ([]BillRunRow, error) {
 	rows, err := pool.Query(ctx, `select period, status, coalesce(owner, ''), fence, coalesce(lock_fence, 0), attempts,
-       coalesce(last_error, ''), coalesce((extract(epoch from finished_at) * 1e9)::bigint, 0)
+       coalesce(last_error, ''), coalesce((extract(epoch from finished_at) * 1e9)::bigint, 0),
+       coalesce(completion_event_id, '')
 from bill_runs order by period`)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (BillRunRow, error) {
 		var b BillRunRow
-		err := r.Scan(&b.Period, &b.Status, &b.Owner, &b.Fence, &b.LockFence, &b.Attempts, &b.LastError, &b.FinishedNS)
+		err := r.Scan(&b.Period, &b.Status, &b.Owner, &b.Fence, &b.LockFence, &b.Attempts, &b.LastError, &b.FinishedNS, &b.EventID)
 		return b, err
 	})
 }

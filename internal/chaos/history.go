@@ -207,6 +207,9 @@ type BillRunRow struct {
 	Attempts   int
 	LastError  string
 	FinishedNS int64 // wall time of finished_at, Unix ns (0 if NULL)
+	// EventID is completion_event_id: the id its run.completed must carry
+	// ("" when none was stored).
+	EventID string
 }
 
 // BillRunChange is one committed insert or update of a bill_runs row.

@@ -271,7 +271,7 @@ var kindDocs = map[string]string{
 	KindMutualExclusion:      "two `coordinator lock` holders of one key were inside their critical sections at the same time, both believing they held the lock (intervals on CLOCK_MONOTONIC, shared by all processes on the host).",
 	KindHolderOutlived:       "a process of a holder's command tree (the command or a child it left) recorded work after its `coordinator lock` had exited, i.e. after the lock was released or abandoned.",
 	KindProcessStillRunning:  "a process of a holder's command tree was still running after its `coordinator lock` exited (checked 0.3 s after each exit and at the end).",
-	KindEventsRunCompleted:   "the events disagree with Postgres: a COMPLETED period without exactly one run.completed id (re-published copies share it), or a run.completed for a period that is not COMPLETED.",
+	KindEventsRunCompleted:   "the events disagree with Postgres: a COMPLETED period without exactly one run.completed id (re-published copies share it) or whose event id is not the one bill_runs stored, or a run.completed for a period that is not COMPLETED.",
 	KindEventsUnended:        "an ownership.acquired with neither ownership.released nor ownership.lost from the same replica for the same term (lock fence), although that replica did not crash.",
 	KindPoisonNotDeadLetter:  "a malformed or oversized trigger never reached coordinator.triggers.dlq.",
 	KindStaleReservationLeft: "expired MSISDN reservations were still RESERVED at the end: the reaper did not sweep.",
