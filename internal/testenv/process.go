@@ -145,7 +145,7 @@ func freeLoopbackPort(t testing.TB) int {
 }
 
 // serverPortFloor is the lowest port freeLoopbackPort draws: above the fixed
-// ports of scripts/services (15432-19095; its cluster bus ports 27001-27003
+// ports of scripts/services (15432-19095; its cluster bus ports 27001-27006
 // listen, so they are skipped).
 const serverPortFloor = 20000
 
