@@ -55,3 +55,22 @@ func LoadScripts(ctx context.Context, c redis.Scripter) error {
 // WakeLocal wakes the head waiter of key in l, as the end of one of l's
 // own terms on key does.
 func WakeLocal(l *Locker, key string) { l.wakeLocal(key) }
+
+// SlotOf is the Redis Cluster hash slot of key.
+func SlotOf(key string) int { return int(slot(key)) }
+
+// ID is l's Locker id (the prefix of its tokens, its queue entries' name).
+func ID(l *Locker) string { return l.id }
+
+// Leave runs the leave script for key now: l stops waiting for key, and a
+// reservation made for it passes on. It returns the Locker id the lock is
+// now reserved for, or "".
+func Leave(ctx context.Context, l *Locker, key string) (string, error) {
+	queue, tickets := l.queueKeys(key)
+	c := newCall(leaveScript, false, []string{l.lockKey(key), queue, tickets}, l.id)
+	l.do(ctx, c)
+	if c.err != nil {
+		return "", c.err
+	}
+	return c.cmd.Text()
+}

@@ -114,7 +114,8 @@ type Locker struct {
 	wmu    sync.Mutex
 	queues map[string]*queue
 
-	srv serverState
+	srv   serverState
+	redir redirects
 
 	pubsub    *redis.PubSub
 	runCtx    context.Context // cancelled by Close
@@ -284,7 +285,6 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 				// what the wait learned, as in the ctx.Done case below.
 				return nil, ownership.AlreadyOwned(key, cmp.Or(owner, q.lastOwner(&l.wmu)), cerr)
 			}
-			sent := time.Now()
 			res, err := l.runAcquire(ctx, deadline, key, token, ttlMS, q.isQueued(&l.wmu))
 			if err != nil {
 				// The script may have run (only its reply was lost, or ctx
@@ -297,7 +297,7 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 			}
 			if res.acquired {
 				q.setQueued(&l.wmu, false)
-				le := l.grant(ctx, key, token, res.fence, lease == 0, ttl, sent)
+				le := l.grant(ctx, key, token, res.fence, lease == 0, ttl, res.sent)
 				w.acquired(&l.wmu, ttl)
 				return le, nil
 			}
@@ -340,6 +340,7 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 type acquireResult struct {
 	acquired bool
 	fence    int64
+	sent     time.Time // when the send that acquired was made
 	pttl     int64
 	owner    string
 	reserved string
@@ -364,19 +365,21 @@ func (l *Locker) runAcquire(ctx context.Context, deadline time.Time, key, token 
 	if queued {
 		t = "+" + t
 	}
-	cmd, acked, err := l.evalAcked(callCtx, acquireScript, keys, token, l.cfg.Owner, ttlMS, t)
-	if err != nil {
-		return acquireResult{}, err
+	c := newCall(acquireScript, true, keys, token, l.cfg.Owner, ttlMS, t)
+	l.do(callCtx, c)
+	if c.err != nil {
+		return acquireResult{}, c.err
 	}
+	cmd := c.cmd
 	if f, ok := cmd.Val().(string); ok {
 		fence, err := fenceOf(f)
 		if err != nil {
 			return acquireResult{}, err
 		}
-		if acked != nil {
-			return acquireResult{}, acked // the caller deletes the unreplicated lock
+		if c.acked != nil {
+			return acquireResult{}, c.acked // the caller deletes the unreplicated lock
 		}
-		return acquireResult{acquired: true, fence: fence}, nil
+		return acquireResult{acquired: true, fence: fence, sent: c.sent}, nil
 	}
 	vals, err := cmd.Slice()
 	if err != nil {
@@ -432,8 +435,12 @@ func (l *Locker) nextSeq(t *ownership.Term) int64 {
 // setHolds tells Redis how many holds t has now. ok is false when the term
 // no longer holds the lock; owner is then the current holder's replica.
 func (l *Locker) setHolds(ctx context.Context, t *ownership.Term, holds int64) (ok bool, owner string, err error) {
-	vals, err := holdsScript.Run(ctx, l.client, []string{l.lockKey(t.Key())},
-		t.Token(), t.Fence(), holds, l.nextSeq(t)).Slice()
+	c := newCall(holdsScript, false, []string{l.lockKey(t.Key())}, t.Token(), t.Fence(), holds, l.nextSeq(t))
+	l.do(ctx, c)
+	if c.err != nil {
+		return false, "", c.err
+	}
+	vals, err := c.cmd.Slice()
 	if err != nil {
 		return false, "", err
 	}
@@ -612,11 +619,12 @@ func (l *Locker) runRelease(ctx context.Context, key, token string, fence int64)
 	if fence != 0 {
 		f = strconv.FormatInt(fence, 10)
 	}
-	res, err := releaseScript.Run(ctx, l.client, []string{l.lockKey(key), queue, tickets, l.endedKey(key, fence)},
-		token, f).Result()
-	if err != nil {
-		return false, err
+	c := newCall(releaseScript, false, []string{l.lockKey(key), queue, tickets, l.endedKey(key, fence)}, token, f)
+	l.do(ctx, c)
+	if c.err != nil {
+		return false, c.err
 	}
+	res := c.cmd.Val()
 	switch r := res.(type) {
 	case int64:
 		return r == 1, nil
@@ -685,6 +693,7 @@ func (l *Locker) Close() error {
 	l.bgClosed = true
 	l.mu.Unlock()
 	l.wg.Wait()
+	l.closeRedirects()
 	return nil
 }
 

@@ -98,9 +98,9 @@ func (l *Locker) leave(key string) {
 		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 		defer cancel()
 		queue, tickets := l.queueKeys(key)
-		err := leaveScript.Run(ctx, l.client, []string{l.lockKey(key), queue, tickets},
-			l.id).Err()
-		if err != nil {
+		c := newCall(leaveScript, false, []string{l.lockKey(key), queue, tickets}, l.id)
+		l.do(ctx, c)
+		if err := c.err; err != nil {
 			l.log.Debug("lock_queue_leave_failed", "lock_key", key, "error", err)
 		}
 	})
