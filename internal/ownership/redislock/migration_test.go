@@ -21,7 +21,8 @@ import (
 // cluster of the test's own, with and without replicas:
 //   - renewals follow ASK (the lock key moved, the slot not yet) and MOVED
 //     (the slot moved, the client's map not yet), WAIT included where
-//     replicas must acknowledge, and the holder never loses its lease;
+//     replicas must acknowledge, and the holder never loses its lease (nor
+//     does `coordinator lock`'s probe, LockTTL, lose the lock);
 //   - the multi-key acquire and release scripts get TRYAGAIN while the slot
 //     is split between the two masters; they retry within their budget, so
 //     a release issued mid-migration ends the term once the migration is
@@ -78,6 +79,11 @@ func testSlotMigration(t *testing.T, replicas int) {
 	m.Move(t, lockKey(released), lockKey(held))
 	renewedOn(t, c.Admin(t, target), lockKey(held), ttl)
 	renewedOn(t, c.Admin(t, target), lockKey(released), ttl)
+	// `coordinator lock`'s probe finds the moved lock too.
+	left, ok, err := holder.LockTTL(ctx, held, heldLe.Fence())
+	require.NoError(t, err)
+	require.True(t, ok, "the probe lost the moved lock")
+	require.Positive(t, left)
 	m.Move(t) // the fence keys, the queue, its tickets
 	renewedOn(t, c.Admin(t, target), lockKey(held), ttl)
 
