@@ -163,19 +163,26 @@ func (c *RedisCluster) Client(t testing.TB) *redis.ClusterClient {
 	return cc
 }
 
-// MasterOf is the master that owns slot, as its own CLUSTER SLOTS says.
+// MasterOf is the master that owns slot, as its own CLUSTER SHARDS says.
 func (c *RedisCluster) MasterOf(t testing.TB, slot int) *RedisServer {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, m := range c.Masters {
-		ranges, err := c.admin(t, m).ClusterSlots(ctx).Result()
+		shards, err := c.admin(t, m).ClusterShards(ctx).Result()
 		if err != nil {
-			t.Fatalf("testenv: cluster slots on %s: %v", m.Addr(), err)
+			t.Fatalf("testenv: cluster shards on %s: %v", m.Addr(), err)
 		}
-		for _, r := range ranges {
-			if slot >= int(r.Start) && slot <= int(r.End) && len(r.Nodes) > 0 && r.Nodes[0].Addr == m.Addr() {
-				return m
+		for _, sh := range shards {
+			for _, r := range sh.Slots {
+				if int64(slot) < r.Start || int64(slot) > r.End {
+					continue
+				}
+				for _, n := range sh.Nodes {
+					if n.Role == "master" && n.ID == c.ids[m] {
+						return m
+					}
+				}
 			}
 		}
 	}
