@@ -99,8 +99,8 @@ type Locker struct {
 	client  redis.UniversalClient
 	cluster bool // client is a *redis.ClusterClient
 	cfg     Config
-	log    *slog.Logger
-	m      *ownership.Metrics
+	log     *slog.Logger
+	m       *ownership.Metrics
 
 	// id names this Locker in the wait queues and in its wake channel; every
 	// token starts with it.
@@ -127,14 +127,14 @@ type Locker struct {
 
 	srv serverState
 
-	pubsub    *redis.PubSub
+	pubsub *redis.PubSub
 	// rsubs: the Redisson unlock channels this Locker listens on while it
 	// waits for their keys (redisson layout; redisson_wake.go).
 	rmu   sync.Mutex
 	rsubs map[string]*rsub
 	// poll bounds how long a waiting head sleeps before it asks Redis again
 	// (ticketRefresh; tests lengthen it to show a wake-up arrived).
-	poll time.Duration
+	poll      time.Duration
 	runCtx    context.Context // cancelled by Close
 	cancelRun context.CancelFunc
 	stop      chan struct{}
@@ -195,7 +195,6 @@ func New(client redis.UniversalClient, cfg Config) (*Locker, error) {
 
 // Owner returns the replica id.
 func (l *Locker) Owner() string { return l.cfg.Owner }
-
 
 // Timing of the hand-off between waiting Lockers.
 const (
