@@ -266,7 +266,10 @@ func settings() []setting {
 		{env: "COORDINATOR_LOCK_KEY_PREFIX", flag: "lock-key-prefix", usage: "prefix of every Redis key", def: lit("coordinator"),
 			apply: func(c *Config, v string) error { c.LockKeyPrefix = v; return checkPrefix(v) }},
 		{env: "COORDINATOR_LOCK_LAYOUT", flag: "lock-layout", usage: "coordinator, or redisson: a key's lock is Redisson's RLock of the same name (mixed fleets)", def: lit("coordinator"),
-			apply: func(c *Config, v string) error { c.LockLayout = v; return oneOf(v, LockLayoutCoordinator, LockLayoutRedisson) }},
+			apply: func(c *Config, v string) error {
+				c.LockLayout = v
+				return oneOf(v, LockLayoutCoordinator, LockLayoutRedisson)
+			}},
 		{env: "COORDINATOR_LOCK_WAIT_TIME", flag: "lock-wait-time", usage: "max time to block acquiring", def: lit("5s"),
 			apply: func(c *Config, v string) (err error) { c.LockWaitTime, err = duration(v, 0); return err }},
 		{env: "COORDINATOR_LOCK_WATCHDOG_TIMEOUT", flag: "lock-watchdog-timeout", usage: "TTL of watchdog-managed leases", def: lit("30s"),
