@@ -119,10 +119,3 @@ func (l *Locker) keyOf(name string) (string, bool) {
 	}
 	return rest[:i], true
 }
-
-// sharded reports whether the Locker's Redis is a cluster. Redisson (from
-// 3.2x, including 3.52.0 and 4.7.0) publishes and subscribes its unlock
-// channel with SPUBLISH/SSUBSCRIBE on a cluster whose nodes support sharded
-// pub/sub (Redis 7; shardedSubscriptionMode AUTO, its default), and with
-// PUBLISH/SUBSCRIBE everywhere else.
-func (l *Locker) sharded() bool { return l.cluster }

@@ -38,7 +38,11 @@ type rsub struct {
 	sharded *redis.PubSub
 }
 
-// shardedArg tells the redisson scripts to SPUBLISH as well (on a cluster).
+// shardedArg tells the redisson scripts to SPUBLISH as well (on a
+// cluster). Redisson (3.2x on, including 3.52.0 and 4.7.0) publishes and
+// subscribes its unlock channel with SPUBLISH/SSUBSCRIBE on a cluster whose
+// nodes support sharded pub/sub (Redis 7; shardedSubscriptionMode AUTO, its
+// default), and with PUBLISH/SUBSCRIBE everywhere else.
 func (l *Locker) shardedArg() string {
 	if l.cluster {
 		return "1"
