@@ -1,7 +1,9 @@
 // Package redislock is the Redis adapter of the ownership port: ADR-024's
 // (docs/adr/024-distributed-lock-strategy.md) DistributedLock on go-redis v9 (single, sentinel or cluster). See the
 // ownership package documentation for the semantics and docs/lock.md for
-// what the lock promises; scripts.go says how Redis stores it.
+// what the lock promises; scripts.go says how Redis stores it. Config.Layout
+// chooses that layout or the redisson one (layout.go, scripts_redisson.go,
+// redisson_wake.go), in which the lock of key K is Redisson's RLock named K.
 package redislock
 
 import (
