@@ -3,6 +3,7 @@ package redislock
 import (
 	"context"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -14,6 +15,10 @@ var scriptNames = map[*redis.Script]string{
 	leaveScript:   "leave",
 	renewScript:   "renew",
 	lockTTLScript: "ttl",
+
+	acquireRedissonScript: "acquire",
+	releaseRedissonScript: "release",
+	leaveRedissonScript:   "leave",
 }
 
 // ScriptName names the lock script cmd runs ("acquire", "holds" (reentry,
@@ -67,10 +72,15 @@ func ID(l *Locker) string { return l.id }
 // now reserved for, or "".
 func Leave(ctx context.Context, l *Locker, key string) (string, error) {
 	queue, tickets := l.queueKeys(key)
-	c := newCall(leaveScript, false, []string{l.lockKey(key), queue, tickets}, l.id)
+	c := l.leaveCall(key, []string{l.lockKey(key), queue, tickets})
 	l.do(ctx, c)
 	if c.err != nil {
 		return "", c.err
 	}
 	return c.cmd.Text()
 }
+
+// SetPoll sets how long l's waiting heads sleep before they ask Redis again
+// when no wake-up comes (ticketRefresh): a test that lengthens it shows that
+// a wake-up, not the poll, ended a wait.
+func SetPoll(l *Locker, d time.Duration) { l.poll = d }

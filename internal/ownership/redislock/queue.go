@@ -98,7 +98,7 @@ func (l *Locker) leave(key string) {
 		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 		defer cancel()
 		queue, tickets := l.queueKeys(key)
-		c := newCall(leaveScript, false, []string{l.lockKey(key), queue, tickets}, l.id)
+		c := l.leaveCall(key, []string{l.lockKey(key), queue, tickets})
 		l.do(ctx, c)
 		if err := c.err; err != nil {
 			l.log.Debug("lock_queue_leave_failed", "lock_key", key, "error", err)

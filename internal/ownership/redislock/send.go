@@ -378,3 +378,32 @@ func (l *Locker) closeRedirects() {
 	}
 	l.redir.nodes = nil
 }
+
+// The calls of the scripts that differ by layout (Config.Layout); the
+// renew, holds and ttl scripts are the same in both.
+
+// acquireCall: keys lock, fence, queue, tickets.
+func (l *Locker) acquireCall(keys []string, token string, ttlMS int64, ticket string) *call {
+	if l.cfg.Layout == LayoutRedisson {
+		return newCall(acquireRedissonScript, true, keys, token, l.cfg.Owner, ttlMS, ticket)
+	}
+	return newCall(acquireScript, true, keys, token, l.cfg.Owner, ttlMS, ticket)
+}
+
+// releaseCall: keys lock, queue, tickets, ended marker of key.
+func (l *Locker) releaseCall(key string, keys []string, token, fence string) *call {
+	if l.cfg.Layout == LayoutRedisson {
+		return newCall(releaseRedissonScript, false, append(keys, redissonChannel(key)),
+			token, fence, l.wakePrefix(), l.shardedArg())
+	}
+	return newCall(releaseScript, false, keys, token, fence)
+}
+
+// leaveCall: keys lock, queue, tickets of key.
+func (l *Locker) leaveCall(key string, keys []string) *call {
+	if l.cfg.Layout == LayoutRedisson {
+		return newCall(leaveRedissonScript, false, append(keys, redissonChannel(key)),
+			l.id, l.wakePrefix(), l.shardedArg())
+	}
+	return newCall(leaveScript, false, keys, l.id)
+}
