@@ -15,8 +15,10 @@ import (
 // The send path. Every script call of the Locker goes through do: it sends
 // each call to the master of its key's slot, pipelined with the other calls
 // for that master and, where replicas must acknowledge, followed by WAIT on
-// the same connection (WAIT counts the writes of its own connection). The
-// answers that say a script did not run are handled here:
+// the same connection (WAIT counts the writes of its own connection; those
+// go through the node's client, the others through the client itself, so
+// that its hooks see them). The answers that say a script did not run are
+// handled here:
 //
 //   - MOVED: the slot has moved; the call goes to the named master (and the
 //     client's slot map is reloaded);
@@ -232,19 +234,33 @@ func (l *Locker) pipe(ctx context.Context, g *group) {
 			break
 		}
 	}
+	// Without WAIT and without a redirect of the Locker's own, the calls go
+	// through the client itself (a cluster client routes them, and follows
+	// MOVED and ASK on its own, up to its MaxRedirects): its hooks see them,
+	// a call alone as one command, several as a pipeline. WAIT must follow
+	// the writes on their connection, and a redirect goes to a node the
+	// client may not map yet: those go through the node's client.
+	var target redis.UniversalClient = g.node
+	if need == 0 {
+		target = l.client
+		for _, c := range g.calls {
+			if c.addr != "" {
+				target = g.node
+			}
+		}
+	}
 	if len(g.calls) == 1 && need == 0 && !g.calls[0].asking {
-		// One call on its own: a plain command (hooks see it as one).
 		c := g.calls[0]
 		c.sent = time.Now()
 		if c.eval {
-			c.cmd = c.script.Eval(ctx, g.node, c.keys, c.args...)
+			c.cmd = c.script.Eval(ctx, target, c.keys, c.args...)
 		} else {
-			c.cmd = c.script.EvalSha(ctx, g.node, c.keys, c.args...)
+			c.cmd = c.script.EvalSha(ctx, target, c.keys, c.args...)
 		}
 		c.err, c.acked = c.cmd.Err(), nil
 		return
 	}
-	pipe := g.node.Pipeline()
+	pipe := target.Pipeline()
 	for _, c := range g.calls {
 		if c.asking {
 			pipe.Do(ctx, "asking")
