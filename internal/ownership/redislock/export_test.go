@@ -84,3 +84,20 @@ func Leave(ctx context.Context, l *Locker, key string) (string, error) {
 // when no wake-up comes (ticketRefresh): a test that lengthens it shows that
 // a wake-up, not the poll, ended a wait.
 func SetPoll(l *Locker, d time.Duration) { l.poll = d }
+
+// Queued is how many calls of l wait for a pipeline (coalesce.go).
+func Queued(l *Locker) int {
+	n := 0
+	count := func(b *batcher) {
+		b.mu.Lock()
+		n += b.queued
+		b.mu.Unlock()
+	}
+	count(&l.direct)
+	l.bmu.Lock()
+	defer l.bmu.Unlock()
+	for _, b := range l.batchers {
+		count(b)
+	}
+	return n
+}

@@ -129,6 +129,12 @@ type Locker struct {
 
 	srv   serverState
 	redir redirects
+	// batchers queue the calls per target while its pipelines are busy
+	// (coalesce.go); flushes counts the goroutines sending them.
+	direct   batcher // calls through the client itself
+	bmu      sync.Mutex
+	batchers map[string]*batcher // calls through a node's client, by "node <addr>"
+	flushes  sync.WaitGroup
 
 	pubsub *redis.PubSub
 	// rsubs: the Redisson unlock channels this Locker listens on while it
@@ -698,6 +704,7 @@ func (l *Locker) Close() error {
 	l.mu.Unlock()
 	l.closeRedissonSubs()
 	l.wg.Wait()
+	l.flushes.Wait()
 	l.closeRedirects()
 	return nil
 }

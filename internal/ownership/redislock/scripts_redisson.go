@@ -71,7 +71,7 @@ end
 // else: the caller queues, and the answer names the holder as
 // redisson:<its first field> (Redisson's <client id>:<thread id>). Like
 // acquireScript it may run on the master a slot is migrating away from, so
-// it takes a reservation by reusing K (reserved set to '') and counts the
+// it takes a reservation by reusing K (reserved set to the empty string) and counts the
 // queue before leaving it (handoffLua says why). The release and leave
 // scripts of this layout declare Redisson's channel of K among their keys,
 // which never exists: during a migration they get TRYAGAIN until it ends,

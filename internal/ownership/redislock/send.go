@@ -181,6 +181,9 @@ type group struct {
 // route groups calls by the node each goes to. A call whose node cannot be
 // found gets that error as its outcome.
 func (l *Locker) route(ctx context.Context, calls []*call) []*group {
+	if c, ok := l.client.(*redis.Client); ok {
+		return []*group{{node: c, calls: calls}} // one node
+	}
 	var groups []*group
 	byAddr := map[string]*group{}
 	for _, c := range calls {
@@ -213,8 +216,10 @@ func (l *Locker) route(ctx context.Context, calls []*call) []*group {
 	return groups
 }
 
-// pipe sends g's calls in one pipeline, followed by WAIT where replicas
-// must acknowledge any of them, and records each call's outcome.
+// pipe sends g's calls, followed by WAIT where replicas must acknowledge
+// any of them, and records each call's outcome. Calls that other
+// goroutines send to the same target meanwhile go in the same pipeline
+// (coalesce.go).
 func (l *Locker) pipe(ctx context.Context, g *group) {
 	if g.node == nil {
 		l.run(ctx, g.calls)
@@ -240,28 +245,46 @@ func (l *Locker) pipe(ctx context.Context, g *group) {
 	// a call alone as one command, several as a pipeline. WAIT must follow
 	// the writes on their connection, and a redirect goes to a node the
 	// client may not map yet: those go through the node's client.
-	var target redis.UniversalClient = g.node
-	if need == 0 {
-		target = l.client
+	t := target{client: l.client, node: g.node, addr: g.addr}
+	if need > 0 {
+		t.client, t.key = g.node, "node "+g.addr
+	} else {
 		for _, c := range g.calls {
 			if c.addr != "" {
-				target = g.node
+				t.client, t.key = g.node, "node "+g.addr
 			}
 		}
 	}
-	if len(g.calls) == 1 && need == 0 && !g.calls[0].asking {
-		c := g.calls[0]
+	l.submit(ctx, t, need, g.calls)
+}
+
+// target is where a pipeline goes: the client it is sent on, and the node
+// (and its address) whose replicas a WAIT counts. key names its batcher
+// ("" for the client itself).
+type target struct {
+	key    string
+	client redis.UniversalClient
+	node   *redis.Client
+	addr   string
+}
+
+// send sends calls on t in one pipeline (a call alone as one command),
+// followed by WAIT for need replicas when need > 0, and records each
+// call's outcome.
+func (l *Locker) send(ctx context.Context, t target, need int, calls []*call) {
+	if len(calls) == 1 && need == 0 && !calls[0].asking {
+		c := calls[0]
 		c.sent = time.Now()
 		if c.eval {
-			c.cmd = c.script.Eval(ctx, target, c.keys, c.args...)
+			c.cmd = c.script.Eval(ctx, t.client, c.keys, c.args...)
 		} else {
-			c.cmd = c.script.EvalSha(ctx, target, c.keys, c.args...)
+			c.cmd = c.script.EvalSha(ctx, t.client, c.keys, c.args...)
 		}
 		c.err, c.acked = c.cmd.Err(), nil
 		return
 	}
-	pipe := target.Pipeline()
-	for _, c := range g.calls {
+	pipe := t.client.Pipeline()
+	for _, c := range calls {
 		if c.asking {
 			pipe.Do(ctx, "asking")
 		}
@@ -279,9 +302,9 @@ func (l *Locker) pipe(ctx context.Context, g *group) {
 	_, _ = pipe.Exec(ctx)
 	var ackErr error
 	if w != nil {
-		ackErr = l.checkAcked(ctx, g.node, g.addr, need, w)
+		ackErr = l.checkAcked(ctx, t.node, t.addr, need, w)
 	}
-	for _, c := range g.calls {
+	for _, c := range calls {
 		c.err, c.sent, c.acked = c.cmd.Err(), sent, nil
 		if c.err == nil && c.ack {
 			c.acked = ackErr

@@ -1,0 +1,246 @@
+package redislock_test
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/telco-platform/coordinator/internal/ownership"
+	"github.com/telco-platform/coordinator/internal/ownership/redislock"
+	"github.com/telco-platform/coordinator/internal/testenv"
+)
+
+// pipelineLog records the pipelines a client sends: for each, the lock
+// scripts in it (by name) and its other commands (lower case).
+// Single commands are not logged; an acquire sent alone is signalled on
+// alone before it is sent.
+type pipelineLog struct {
+	mu    sync.Mutex
+	sent  [][]string
+	alone chan struct{}
+}
+
+func (h *pipelineLog) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *pipelineLog) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if redislock.ScriptName(cmd) == "acquire" {
+			select {
+			case h.alone <- struct{}{}:
+			default:
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *pipelineLog) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		var names []string
+		for _, c := range cmds {
+			if n := redislock.ScriptName(c); n != "" {
+				names = append(names, n)
+			} else {
+				names = append(names, strings.ToLower(c.Name()))
+			}
+		}
+		h.mu.Lock()
+		h.sent = append(h.sent, names)
+		h.mu.Unlock()
+		return next(ctx, cmds)
+	}
+}
+
+// largest is the pipeline with the most acquire scripts.
+func (h *pipelineLog) largest() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var best []string
+	for _, p := range h.sent {
+		if count(p, "acquire") > count(best, "acquire") {
+			best = p
+		}
+	}
+	return best
+}
+
+func count(names []string, name string) int {
+	n := 0
+	for _, x := range names {
+		if x == name {
+			n++
+		}
+	}
+	return n
+}
+
+// coalescing is a Locker on a throwaway server with DEBUG enabled, whose
+// pipelines are logged, and which has asked Redis once (so that nothing
+// of its own, such as its first INFO, waits behind a stall).
+func coalescing(t *testing.T, srv *testenv.RedisServer, cfg redislock.Config) (*redislock.Locker, *pipelineLog) {
+	t.Helper()
+	client, err := redislock.NewClient(srv.URL(), redislock.ModeSingle)
+	require.NoError(t, err)
+	h := &pipelineLog{alone: make(chan struct{}, 64)}
+	client.AddHook(h)
+	cfg.Prefix, cfg.Owner = "co", "co"
+	l, err := redislock.New(client, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = l.Close()
+		_ = client.Close()
+	})
+	ctx := context.Background()
+	le, err := l.Acquire(ctx, "warm", 0)
+	require.NoError(t, err)
+	require.NoError(t, le.Release(ctx))
+	for len(h.alone) > 0 {
+		<-h.alone
+	}
+	return l, h
+}
+
+// acquireAll starts an acquisition of each key and returns their results.
+func acquireAll(ctx context.Context, l *redislock.Locker, keys []string) []<-chan acquired {
+	out := make([]<-chan acquired, len(keys))
+	for i, k := range keys {
+		out[i] = acquireAsync(ctx, l, k, 0)
+	}
+	return out
+}
+
+func keysN(prefix string, n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = prefix + strconv.Itoa(i)
+	}
+	return keys
+}
+
+// Acquisitions that goroutines of one process start while the Locker's
+// pipelines are busy (here: stuck in a stalled Redis) go out together, in
+// one pipeline, and each gets its own lease.
+func TestConcurrentAcquisitionsShareAPipeline(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedisServerWith(t, testenv.RedisServerOptions{Args: []string{"--enable-debug-command", "yes"}})
+	l, log := coalescing(t, srv, redislock.Config{WaitTime: 30 * time.Second})
+	ctx := context.Background()
+	keys := keysN("k", 16)
+	stalled := srv.Stall(t, 1500*time.Millisecond)
+	got := acquireAll(ctx, l, keys)
+	// Two go at once (each alone, stuck in the stall); the others queue.
+	require.Eventually(t, func() bool { return redislock.Queued(l) == len(keys)-2 }, 10*time.Second, time.Millisecond,
+		"the acquisitions queue behind the busy pipelines")
+	<-stalled
+	for i, ch := range got {
+		r := <-ch
+		require.NoError(t, r.err, keys[i])
+		require.NoError(t, r.le.Release(ctx))
+	}
+	require.Equal(t, len(keys)-2, count(log.largest(), "acquire"), "the queued acquisitions went in one pipeline: %v", log.largest())
+}
+
+// Where replicas must acknowledge, a shared pipeline ends with one WAIT on
+// its connection, which counts every acquisition in it: with the replica
+// answering, each holds, and is on the replica; with the replica stopped,
+// each fails closed and none is left on the master.
+func TestPipelinedAcquisitionsAreEachAcknowledged(t *testing.T) {
+	t.Parallel()
+	master := testenv.StartRedisServerWith(t, testenv.RedisServerOptions{Args: []string{"--enable-debug-command", "yes"}})
+	replica := testenv.StartRedisServerWith(t, testenv.RedisServerOptions{ReplicaOf: master.Addr()})
+	admin, rc := master.Client(t), replica.Client(t)
+	ctx := context.Background()
+	require.Eventually(t, func() bool {
+		info, err := admin.Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(info, "state=online")
+	}, 30*time.Second, 10*time.Millisecond, "the replica is in sync")
+	l, log := coalescing(t, master, redislock.Config{WaitTime: 30 * time.Second, WaitReplicas: 1, ReplicaTimeout: time.Second})
+
+	keys := keysN("acked", 8)
+	stalled := master.Stall(t, time.Second)
+	got := acquireAll(ctx, l, keys)
+	require.Eventually(t, func() bool { return redislock.Queued(l) == len(keys)-2 }, 10*time.Second, time.Millisecond)
+	<-stalled
+	var leases []ownership.Lease
+	for i, ch := range got {
+		r := <-ch
+		require.NoError(t, r.err, keys[i])
+		leases = append(leases, r.le)
+	}
+	p := log.largest()
+	require.Equal(t, len(keys)-2, count(p, "acquire"), "%v", p)
+	require.Equal(t, 1, count(p, "wait"), "one WAIT for the pipeline: %v", p)
+	require.Equal(t, "wait", p[len(p)-1], "WAIT comes after the writes it counts: %v", p)
+	for _, k := range keys {
+		n, err := rc.Exists(ctx, "co:{"+k+"}:lock").Result()
+		require.NoError(t, err)
+		require.Equal(t, int64(1), n, "%s is on the replica", k)
+	}
+	for _, le := range leases {
+		require.NoError(t, le.Release(ctx))
+	}
+
+	// The replica stops acknowledging: every acquisition in the shared
+	// pipeline fails closed, and its lock on the master is deleted.
+	replica.Pause()
+	t.Cleanup(replica.Resume)
+	keys = keysN("unacked", 8)
+	stalled = master.Stall(t, time.Second)
+	got = acquireAll(ctx, l, keys)
+	require.Eventually(t, func() bool { return redislock.Queued(l) == len(keys)-2 }, 10*time.Second, time.Millisecond)
+	<-stalled
+	for i, ch := range got {
+		r := <-ch
+		require.ErrorIs(t, r.err, redislock.ErrUnreplicated, keys[i])
+	}
+	for _, k := range keys {
+		require.Eventually(t, func() bool {
+			n, err := admin.Exists(ctx, "co:{"+k+"}:lock").Result()
+			return err == nil && n == 0
+		}, 10*time.Second, 10*time.Millisecond, "the unreplicated lock on %s was left behind", k)
+	}
+}
+
+// A call that waits in the queue leaves it when its context ends, and is
+// never sent: its wait budget bounds it, however long the pipelines ahead
+// of it take.
+func TestQueuedAcquisitionLeavesOnItsContext(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedisServerWith(t, testenv.RedisServerOptions{Args: []string{"--enable-debug-command", "yes"}})
+	l, log := coalescing(t, srv, redislock.Config{WaitTime: 30 * time.Second})
+	ctx := context.Background()
+	// Shorter than the read timeout: the busy acquisitions are not resent.
+	stalled := srv.Stall(t, 1900*time.Millisecond)
+	busy := acquireAll(ctx, l, []string{"busy0", "busy1"})
+	for range busy { // both in flight, alone, stuck in the stall: the next call queues
+		select {
+		case <-log.alone:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the busy acquisitions were not sent")
+		}
+	}
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := l.Acquire(short, "late", 0)
+	took := time.Since(start)
+	require.ErrorIs(t, err, ownership.ErrUnavailable)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	// The bound is the behaviour: its context, not the stall.
+	require.Less(t, took, 1500*time.Millisecond, "the queued acquisition waited for the pipelines ahead of it")
+	<-stalled
+	for i, ch := range busy {
+		r := <-ch
+		require.NoError(t, r.err, "busy%d", i)
+		require.NoError(t, r.le.Release(ctx))
+	}
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	for _, p := range log.sent {
+		require.Zero(t, count(p, "acquire"), "a queued acquisition left: nothing was pipelined: %v", p)
+	}
+}
