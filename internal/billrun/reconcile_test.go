@@ -240,3 +240,64 @@ func TestEmptyPopulationCompletesSayingSo(t *testing.T) {
 func formatInt(n int64) string { return strconv.FormatInt(n, 10) }
 
 func formatRange(first, last int64) string { return formatInt(first) + "-" + formatInt(last) }
+
+// Subscribers of a COMPLETED period that have no invoice (one loaded after
+// the bill run's cutoff, one backdated into the period after it) are
+// reported by the late-usage check and billed by an adjustment run, with
+// the bill run's amounts, under the adjustment's fence, exactly once.
+// (Before, an adjustment run billed late usage only, and these subscribers
+// could never be billed.)
+func TestAdjustmentBillsSubscribersWithoutInvoice(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	p := period
+	day := func(d int) time.Time { return time.Date(p.Year, p.Month, d, 0, 0, 0, 0, time.UTC) }
+	subs := []sub{
+		{id: 1, status: "ACTIVE", fee: 1000, usage: 10},
+		{id: 2, status: "ACTIVE", fee: 3000, activated: at(p.End(time.UTC).Add(48 * time.Hour))}, // not in it (yet)
+	}
+	b.insertSubs(t, p, subs)
+	r := b.runner(billrun.Config{})
+	res := r.Run(ctx, p, trig())
+	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
+	require.Equal(t, int64(1), res.Counts[billrun.CountPopulation])
+
+	// Backdated: subscriber 2 was active from the 11th. Loaded late:
+	// subscriber 3, created after the cutoff, active all month, with usage.
+	subs[1].activated = at(day(11))
+	_, err := b.pool.Exec(ctx, `update subscribers set activated_at = $1 where id = 2`, *subs[1].activated)
+	require.NoError(t, err)
+	late := sub{id: 3, status: "ACTIVE", fee: 500, usage: 70}
+	b.insertSubs(t, p, []sub{late})
+	subs = append(subs, late)
+
+	res = r.Run(ctx, p, trig())
+	require.Equal(t, job.OutcomeAlreadyCompleted, res.Outcome, res.Error)
+	require.Equal(t, int64(2), res.Counts[billrun.CountUnbilledSubscribers])
+	lu := b.rec.OfType(events.BillrunLateUsage)
+	require.Len(t, lu, 1)
+	require.EqualValues(t, 2, lu[0].Extra[billrun.CountUnbilledSubscribers])
+
+	adjust := func() job.Result {
+		return r.template.Run(ctx, r.kind, billrun.Request{Period: p, Adjust: true}, trig())
+	}
+	res = adjust()
+	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
+	require.Equal(t, int64(2), res.Counts[billrun.CountInvoicesCreated])
+	require.Equal(t, int64(0), res.Counts[billrun.CountAdjustmentsCreated], "the new invoices carry their usage")
+	require.Equal(t, int64(0), res.Counts[billrun.CountUnbilledSubscribers])
+	b.requireInvoices(t, p, time.UTC, subs)
+	want2, _ := wantInvoice(subs[1], p, time.UTC)
+	want3, _ := wantInvoice(late, p, time.UTC)
+	require.Equal(t, want2+want3, res.Counts[billrun.CountInvoicedCents])
+	require.Equal(t, int64(2), b.count(t, `select count(*) from invoices where period = $1 and adjust_fence = 1 and bill_run_fence is null`, p.String()))
+
+	res = adjust()
+	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
+	require.Equal(t, int64(0), res.Counts[billrun.CountInvoicesCreated], "billed once")
+	require.Equal(t, int64(3), b.count(t, `select count(*) from invoices where period = $1`, p.String()))
+	st, err := r.Status(ctx, p)
+	require.NoError(t, err)
+	require.Equal(t, int64(2), st.Adjustments.InvoicesCreated)
+}
