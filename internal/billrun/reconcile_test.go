@@ -83,7 +83,7 @@ func (b *bundle) loseBatches(ctx context.Context, p billrun.Period, from, to int
 // missing, bills them under its fence before it is COMPLETED, and says so:
 // repaired in run.completed, in bill_runs and the status, the metric, and
 // a log line with the id ranges. run.completed's counts are the
-// database's: batches_committed leaves out the two lost batches the run
+// database's: batches_committed leaves out the three lost batches the run
 // saw commit. (Before, the run ended COMPLETED with the two batches'
 // subscribers unbilled.)
 func TestCompletionRepairsCommitsLostBehindTheRun(t *testing.T) {
@@ -98,12 +98,17 @@ func TestCompletionRepairsCommitsLostBehindTheRun(t *testing.T) {
 		lostSubs int64
 	)
 	hook := func(ctx context.Context, _, _ int64) error {
-		if n.Add(1) == 6 { // batches 1-5 committed
-			var err error
-			lost, lostSubs, err = b.loseBatches(ctx, period, 2, 3)
+		if n.Add(1) != 7 { // batches 1-6 committed
+			return nil
+		}
+		var err error
+		if lost, lostSubs, err = b.loseBatches(ctx, period, 2, 3); err != nil {
 			return err
 		}
-		return nil
+		// Batch 5 (the third left): a second range.
+		more, subs, err := b.loseBatches(ctx, period, 3, 3)
+		lost, lostSubs = append(lost, more...), lostSubs+subs
+		return err
 	}
 	reg := prometheus.NewRegistry()
 	logs := &logRecorder{msg: "billrun_repaired"}
@@ -111,19 +116,20 @@ func TestCompletionRepairsCommitsLostBehindTheRun(t *testing.T) {
 		Logger: slog.New(logs)}, hook))
 	res := r.Run(ctx, period, trig())
 	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
-	require.Len(t, lost, 2)
+	require.Len(t, lost, 3)
 	b.requireExactlyOnce(t, period)
 
 	batches := (seeded.Active + 49) / 50
 	require.Equal(t, lostSubs, res.Counts[billrun.CountRepaired])
 	require.Equal(t, seeded.Active, res.Counts[billrun.CountPopulation])
-	require.Equal(t, batches-2, res.Counts[billrun.CountBatchesCommitted], "from the database, not the run's memory (which saw %d commit)", batches)
-	require.Equal(t, batches-2, b.count(t, `select count(*) from bill_run_batches where period = $1`, period.String()))
+	require.Equal(t, batches-3, res.Counts[billrun.CountBatchesCommitted], "from the database, not the run's memory (which saw %d commit)", batches)
+	require.Equal(t, batches-3, b.count(t, `select count(*) from bill_run_batches where period = $1`, period.String()))
 	require.Equal(t, seeded.Active, res.Counts[billrun.CountInvoicesCreated], "the batches' invoices and the repair's")
 	require.Equal(t, seeded.Active, res.Counts[billrun.CountSubscribers])
 	require.Equal(t, seeded.Active, res.Counts[billrun.CountPeriodInvoicesCreated])
-	require.Equal(t, lostSubs, b.count(t, `select count(*) from invoices where period = $1 and bill_run_fence = 1 and subscriber_id between $2 and $3`,
-		period.String(), lost[0][0], lost[1][1]), "billed under the run's fence")
+	require.Equal(t, lostSubs, b.count(t, `select count(*) from invoices where period = $1 and bill_run_fence = 1
+		and (subscriber_id between $2 and $3 or subscriber_id between $4 and $5)`,
+		period.String(), lost[0][0], lost[1][1], lost[2][0], lost[2][1]), "billed under the run's fence")
 
 	done := b.rec.OfType(events.RunCompleted)
 	require.Len(t, done, 1)
@@ -142,12 +148,12 @@ func TestCompletionRepairsCommitsLostBehindTheRun(t *testing.T) {
 	require.Equal(t, 0.0, value(t, reg, "coordinator_billrun_reconcile_failures_total", ""))
 	require.Equal(t, 1.0, value(t, reg, "coordinator_billrun_reconcile_seconds", ""))
 
-	// The two lost batches were neighbours: one range, from the first's
-	// first id to the second's last.
+	// Batches 2 and 3 were neighbours: one range, from the first's first id
+	// to the second's last; batch 5 another.
 	recs := logs.records()
 	require.Len(t, recs, 1)
-	require.EqualValues(t, 1, recs[0]["ranges"].Int64())
-	require.Equal(t, []string{formatRange(lost[0][0], lost[1][1])}, recs[0]["first_ranges"].Any())
+	require.EqualValues(t, 2, recs[0]["ranges"].Int64())
+	require.Equal(t, []string{formatRange(lost[0][0], lost[1][1]), formatRange(lost[2][0], lost[2][1])}, recs[0]["first_ranges"].Any())
 
 	// Nothing left for the next trigger.
 	again := r.Run(ctx, period, trig())

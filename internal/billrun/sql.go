@@ -391,8 +391,8 @@ var sqlRepair = batchFenceSQL + `,
 ` + batchInvoicing.rows(`s.id between $3 and $4
       and not exists (select from invoices i where i.subscriber_id = s.id and i.period = $1)`) + `,
 starts as (
-    select id, prev is null or exists (select from invoices i
-                                       where i.period = $1 and i.subscriber_id > prev and i.subscriber_id < id) as starts
+    select x.id, x.prev is null or exists (select from invoices i
+                                           where i.period = $1 and i.subscriber_id > x.prev and i.subscriber_id < x.id) as starts
     from (select subscriber_id as id, lag(subscriber_id) over (order by subscriber_id) as prev from ins) x
 ),
 ranges as (
