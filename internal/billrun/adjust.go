@@ -134,7 +134,7 @@ where period = $1 and fence = $2 and status = 'RUNNING'`
 
 // sqlUnbilled counts the period's subscribers with no invoice for it: the
 // population predicate over the instants the bill run recorded, without
-// its cutoff (an anti-join on invoices_period_subscriber).
+// its cutoff (an anti-join with the period's invoices, invoices_period_brin).
 //
 // $1 period, $2 period start, $3 period end.
 var sqlUnbilled = `

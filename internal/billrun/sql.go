@@ -367,7 +367,8 @@ for no key update`
 
 // sqlReconcile counts the period's population at the run's cutoff and
 // those of it without an invoice for the period: one anti-join of the
-// subscribers against invoices_period_subscriber (00016), set-based.
+// subscribers against the period's invoices (found by invoices_period_brin,
+// 00016), set-based.
 //
 // $1 period, $2 period start, $3 period end, $4 cutoff.
 var sqlReconcile = `
