@@ -335,7 +335,7 @@ func (x *execution) completed(rep *owned.Report, counts map[string]int64, rec re
 			CountPopulation, rec.population, "ranges", rec.ranges, "first_ranges", ranges,
 			"detail", "subscribers of the population had no invoice after every batch committed (lost commits?): billed under the run's fence; see docs/runbook.md#coordinatorbillrunrepaired")
 	}
-	x.log.Info("billrun_reconciled", CountPopulation, rec.population, CountRepaired, rec.repaired, "took_ms", rec.took.Milliseconds())
+	x.log.Info("billrun_reconciled", CountPopulation, rec.population, CountRepaired, rec.repaired, "duration_ms", rec.took.Milliseconds())
 }
 
 // finish ends the run under the fence with a status other than COMPLETED
