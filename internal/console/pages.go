@@ -632,14 +632,13 @@ func (c *Console) trigger(w http.ResponseWriter, r *http.Request, s Session) {
 	status, ctype, answer := c.deps.Trigger(r.Context(), s.Principal, a.Path, body)
 	c.cfg.Log.Info("console_trigger", "principal", s.Principal, "kind", a.Kind, a.Field, value, "status", status)
 	v := answerView{Action: a, Value: value, Status: status, StatusText: http.StatusText(status), Accepted: status == http.StatusAccepted}
-	var fields struct {
-		Outcome, Owner, Reason, Detail, Key, Status string
-	}
+	var fields map[string]any
 	if strings.Contains(ctype, "json") && json.Unmarshal(answer, &fields) == nil {
-		v.Outcome = cmpOr(fields.Reason, fields.Outcome, fields.Status)
-		v.Owner, v.Detail = fields.Owner, fields.Detail
-		if fields.Key != "" {
-			v.Link = runLink(a.Kind, fields.Key)
+		str := func(k string) string { s, _ := fields[k].(string); return s }
+		v.Outcome = cmpOr(str("reason"), str("outcome"), str("status"))
+		v.Owner, v.Detail = str("owner"), str("detail")
+		if key := cmpOr(str("key"), str("lockKey")); key != "" {
+			v.Link = runLink(a.Kind, key)
 		}
 	}
 	var pretty bytes.Buffer
