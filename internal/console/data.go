@@ -100,14 +100,14 @@ type RunQuery struct {
 
 // Run is one row of the run history.
 type Run struct {
-	ID                                    int64
-	Job, Key, Outcome, Replica            string
-	Fence, LockFence                      int64
+	ID                                         int64
+	Job, Key, Outcome, Replica                 string
+	Fence, LockFence                           int64
 	Trigger, RequestID, RequestedBy, Principal string
-	Started, Ended                        time.Time
-	Counts                                map[string]int64
-	Error                                 string
-	Timeline                              []Point
+	Started, Ended                             time.Time
+	Counts                                     map[string]int64
+	Error                                      string
+	Timeline                                   []Point
 }
 
 // Duration is how long the run held its lock.

@@ -160,7 +160,7 @@ type replicaView struct {
 
 type inflightView struct {
 	Job, Key, Link, Replica, Trigger, RequestedBy, Started string
-	Fence                                                   int64
+	Fence                                                  int64
 	// Percent is 0-100 for the bar; Known false while the total is not.
 	Percent              float64
 	Known                bool
@@ -170,8 +170,8 @@ type inflightView struct {
 
 type pendingView struct {
 	Job, Key, Link, Outcome, Error, Accepted, Next, Source, RequestedBy string
-	Attempts                                                           int
-	Permanent                                                          bool
+	Attempts                                                            int
+	Permanent                                                           bool
 }
 
 type overviewView struct {
@@ -357,14 +357,14 @@ func lockMatches(l ownership.LockInfo, kind, key string) bool {
 // -------------------------------------------------------------------- runs
 
 type runView struct {
-	ID                                          int64
-	Job, Key, Short, Link, Outcome, Replica     string
-	Trigger, RequestedBy, Principal, RequestID  string
-	Started, Duration, Counts, Repairs, Error   string
-	Fence, LockFence                            int64
-	Points                                      string
-	MaxBatches                                  int64
-	Span                                        string
+	ID                                         int64
+	Job, Key, Short, Link, Outcome, Replica    string
+	Trigger, RequestedBy, Principal, RequestID string
+	Started, Duration, Counts, Repairs, Error  string
+	Fence, LockFence                           int64
+	Points                                     string
+	MaxBatches                                 int64
+	Span                                       string
 }
 
 func runViewOf(r Run) runView {

@@ -44,7 +44,7 @@ const MaxPage = 200
 
 // sqlRuns is a page of a kind's history, newest first: keyset pagination
 // on the primary key (ids below $3 when it is not 0), so a page costs the
-// same at any depth. $2 '' is every key.
+// same at any depth. $2 ” is every key.
 const sqlRuns = `
 select id, job, run_key, outcome, replica, coalesce(fence, 0), coalesce(lock_fence, 0),
        coalesce(trigger_source, ''), coalesce(request_id, ''), coalesce(requested_by, ''), coalesce(principal, ''),
