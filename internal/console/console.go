@@ -169,7 +169,9 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("Content-Security-Policy", ContentSecurityPolicy)
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("X-Frame-Options", "DENY")
-	h.Set("Referrer-Policy", "no-referrer")
+	// same-origin, not no-referrer: under no-referrer a browser sends
+	// "Origin: null" with the console's own form posts.
+	h.Set("Referrer-Policy", "same-origin")
 	h.Set("Cross-Origin-Opener-Policy", "same-origin")
 	h.Set("Cache-Control", "no-store")
 	// A token must never travel in a URL: a query naming one is refused
@@ -278,15 +280,19 @@ func (c *Console) current(r *http.Request) (Session, bool) {
 	return s, true
 }
 
-// sameOrigin accepts a POST whose Origin (or, without one, Sec-Fetch-Site)
-// says it came from this host. Browsers send Origin on every POST.
+// sameOrigin accepts a POST that the browser says came from the console's
+// own pages: Sec-Fetch-Site same-origin where the browser sends it, else an
+// Origin naming this host. A client with neither (curl) still needs the
+// CSRF token.
 func sameOrigin(r *http.Request) bool {
+	if site := r.Header.Get("Sec-Fetch-Site"); site != "" {
+		return site == "same-origin"
+	}
 	if o := r.Header.Get("Origin"); o != "" {
 		u, err := url.Parse(o)
 		return err == nil && u.Host == r.Host
 	}
-	site := r.Header.Get("Sec-Fetch-Site")
-	return site == "" || site == "same-origin" || site == "none"
+	return true
 }
 
 func equalSecret(a, b string) bool {
@@ -340,7 +346,8 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	ck, err := r.Cookie(loginCookie)
 	if !sameOrigin(r) || err != nil || !equalSecret(r.PostForm.Get("csrf"), ck.Value) {
 		c.metrics.login("csrf")
-		c.cfg.Log.Warn("console_login_failed", "reason", "csrf", "remote_addr", r.RemoteAddr)
+		c.cfg.Log.Warn("console_login_failed", "reason", "csrf", "remote_addr", r.RemoteAddr,
+			"same_origin", sameOrigin(r), "form_cookie", err == nil, "form_field", r.PostForm.Get("csrf") != "")
 		c.renderLogin(w, r, http.StatusForbidden, "The login form expired: try again.")
 		return
 	}

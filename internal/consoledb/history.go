@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/telco-platform/coordinator/internal/owned"
+	"github.com/telco-platform/coordinator/internal/postgres"
 )
 
 // Metrics are the console tables' series; a nil *Metrics records nothing.
@@ -152,6 +153,14 @@ func (w *HistoryWriter) loop() {
 			continue
 		}
 		w.metrics.failed("run_history")
+		if refused(err) {
+			// A batch Postgres refuses for what it is would block every
+			// later record: it is dropped, counted and logged.
+			w.metrics.drop("run_history", len(batch))
+			w.log.Error("run_history_write_refused", "records", len(batch), "error", err)
+			batch, wait = batch[:0], retryFirst
+			continue
+		}
 		w.log.Warn("run_history_write_failed", "records", len(batch), "retry_in_ms", wait.Milliseconds(), "error", err)
 		select {
 		case <-time.After(wait):
@@ -188,7 +197,7 @@ func (w *HistoryWriter) final() {
 const sqlInsertRun = `
 insert into run_history (job, run_key, outcome, replica, fence, lock_fence, trigger_source, request_id,
                          requested_by, principal, started_at, ended_at, counts, error, timeline)
-values ($1, $2, $3, $4, nullif($5, 0), nullif($6, 0), nullif($7, ''), nullif($8, ''), nullif($9, ''), nullif($10, ''),
+values ($1, $2, $3, $4, nullif($5::bigint, 0), nullif($6::bigint, 0), nullif($7, ''), nullif($8, ''), nullif($9, ''), nullif($10, ''),
         $11, $12, $13, nullif($14, ''), $15)`
 
 // insertRuns writes records in one round trip (a pipelined batch, one
@@ -232,3 +241,8 @@ func insertRuns(ctx context.Context, pool *pgxpool.Pool, recs []owned.RunRecord)
 	}
 	return errors.Join(err, res.Close())
 }
+
+// refused says Postgres answered err for what was sent (a SQLSTATE that is
+// not a connection, resource or concurrency fault): sending it again
+// cannot succeed.
+func refused(err error) bool { return postgres.Code(err) != "" && !postgres.IsTransient(err) }

@@ -114,6 +114,13 @@ func (x *Indexer) loop(ctx context.Context) {
 				return
 			}
 			x.cfg.Metrics.failed("ownership_events")
+			if refused(err) {
+				// Records Postgres refuses for what they are would stop the
+				// index for good: they are skipped, counted and logged.
+				x.cfg.Metrics.drop("ownership_events", len(recs))
+				x.cfg.Log.Error("events_index_refused", "records", len(recs), "error", err)
+				break
+			}
 			x.cfg.Log.Warn("events_index_write_failed", "records", len(recs), "retry_in_ms", wait.Milliseconds(), "error", err)
 			select {
 			case <-ctx.Done():
