@@ -19,6 +19,7 @@ const (
 	MaxSessionTTL       = 7 * 24 * time.Hour
 	DefaultMaxStreams   = 100
 	DefaultStreamBuffer = 256
+	DefaultStreamRate   = 200
 	DefaultPageSize     = 50
 	// DefaultHeartbeatInterval is how often replicas write their heartbeat;
 	// a replica not seen for three intervals shows as missing.
@@ -51,6 +52,9 @@ type Config struct {
 	// StreamBuffer is each stream's buffer of events; a stream whose
 	// reader falls further behind loses events and is told so. Default 256.
 	StreamBuffer int
+	// StreamRate bounds the events one stream sends per second; more are
+	// dropped for it and it is told. Default 200.
+	StreamRate int
 	// PageSize is the rows of a runs page. Default 50, at most 200.
 	PageSize int
 	// Log gets the logins, logouts and refusals (never a token or a
@@ -77,6 +81,7 @@ func (c Config) withDefaults() Config {
 	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval)
 	c.MaxStreams = cmp.Or(c.MaxStreams, DefaultMaxStreams)
 	c.StreamBuffer = cmp.Or(c.StreamBuffer, DefaultStreamBuffer)
+	c.StreamRate = cmp.Or(c.StreamRate, DefaultStreamRate)
 	c.PageSize = cmp.Or(c.PageSize, DefaultPageSize)
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
@@ -102,6 +107,9 @@ func (c Config) Validate() error {
 	}
 	if c.StreamBuffer < 1 || c.StreamBuffer > 100000 {
 		errs = append(errs, fmt.Errorf("console: StreamBuffer %d: must be 1 to 100000", c.StreamBuffer))
+	}
+	if c.StreamRate < 1 || c.StreamRate > 100000 {
+		errs = append(errs, fmt.Errorf("console: StreamRate %d: must be 1 to 100000 events a second", c.StreamRate))
 	}
 	if c.PageSize < 1 || c.PageSize > 200 {
 		errs = append(errs, fmt.Errorf("console: PageSize %d: must be 1 to 200", c.PageSize))

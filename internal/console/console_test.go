@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/telco-platform/coordinator/internal/adminauth"
@@ -29,6 +30,7 @@ import (
 // an in-memory Locker, a tail fed by Publish, and a trigger that records
 // what it was asked.
 type site struct {
+	pool    *pgxpool.Pool
 	srv     *httptest.Server
 	con     *console.Console
 	store   *consoledb.Store
@@ -82,12 +84,20 @@ func (t *triggerRecorder) Calls() []string {
 
 func newSite(t *testing.T, mutate ...func(*console.Config)) *site {
 	t.Helper()
+	return newSiteOn(t, nil, mutate...)
+}
+
+// newSiteOn is newSite with the given tail (nil: one fed by Publish only).
+func newSiteOn(t testing.TB, tail *eventtail.Tail, mutate ...func(*console.Config)) *site {
+	t.Helper()
 	pg := testenv.Postgres(t)
-	s := &site{store: consoledb.NewStore(pg.Pool), logs: &lockedBuffer{}, trigger: &triggerRecorder{},
-		read: testenv.AdminToken(), all: testenv.AdminToken(), mutate: testenv.AdminToken()}
+	s := &site{pool: pg.Pool, store: consoledb.NewStore(pg.Pool), logs: &lockedBuffer{}, trigger: &triggerRecorder{},
+		read: testenv.AdminToken(), all: testenv.AdminToken(), mutate: testenv.AdminToken(), tail: tail}
 	var err error
-	s.tail, err = eventtail.New(eventtail.Config{Brokers: []string{"127.0.0.1:1"}, Topic: "unused"})
-	require.NoError(t, err)
+	if s.tail == nil {
+		s.tail, err = eventtail.New(eventtail.Config{Brokers: []string{"127.0.0.1:1"}, Topic: "unused"})
+		require.NoError(t, err)
+	}
 	s.locker = ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "replica-a"})
 	t.Cleanup(func() { _ = s.locker.Close() })
 	cfg := console.Config{
@@ -111,7 +121,7 @@ func newSite(t *testing.T, mutate ...func(*console.Config)) *site {
 }
 
 // client is a browser-like client: a cookie jar, redirects not followed.
-func (s *site) client(t *testing.T) *http.Client {
+func (s *site) client(t testing.TB) *http.Client {
 	t.Helper()
 	jar, err := cookiejar.New(nil)
 	require.NoError(t, err)
@@ -120,7 +130,7 @@ func (s *site) client(t *testing.T) *http.Client {
 	}}
 }
 
-func (s *site) get(t *testing.T, c *http.Client, path string) (*http.Response, string) {
+func (s *site) get(t testing.TB, c *http.Client, path string) (*http.Response, string) {
 	t.Helper()
 	resp, err := c.Get(s.srv.URL + path)
 	require.NoError(t, err)
@@ -130,7 +140,7 @@ func (s *site) get(t *testing.T, c *http.Client, path string) (*http.Response, s
 	return resp, string(b)
 }
 
-func (s *site) post(t *testing.T, c *http.Client, path string, form url.Values) (*http.Response, string) {
+func (s *site) post(t testing.TB, c *http.Client, path string, form url.Values) (*http.Response, string) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, s.srv.URL+path, strings.NewReader(form.Encode()))
 	require.NoError(t, err)
@@ -146,7 +156,7 @@ func (s *site) post(t *testing.T, c *http.Client, path string, form url.Values) 
 
 var csrfField = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
 
-func csrfOf(t *testing.T, body string) string {
+func csrfOf(t testing.TB, body string) string {
 	t.Helper()
 	m := csrfField.FindStringSubmatch(body)
 	require.NotNil(t, m, "no csrf field in:\n%s", body)
@@ -154,7 +164,7 @@ func csrfOf(t *testing.T, body string) string {
 }
 
 // login logs c in with token and returns the session's CSRF token.
-func (s *site) login(t *testing.T, c *http.Client, token string) (*http.Response, string) {
+func (s *site) login(t testing.TB, c *http.Client, token string) (*http.Response, string) {
 	t.Helper()
 	_, body := s.get(t, c, "/ui/login")
 	resp, body := s.post(t, c, "/ui/login", url.Values{"csrf": {csrfOf(t, body)}, "token": {token}})

@@ -20,6 +20,8 @@ const (
 	// streamWriteTimeout bounds one write: a client that reads nothing is
 	// dropped instead of holding a goroutine.
 	streamWriteTimeout = 10 * time.Second
+	// streamBurst bounds the events written before one flush.
+	streamBurst = 256
 )
 
 // stream is GET /ui/stream, Server-Sent Events:
@@ -64,6 +66,36 @@ func (c *Console) stream(w http.ResponseWriter, r *http.Request, s Session) {
 		}
 		return rc.Flush() == nil
 	}
+	// writeEvents writes ev and whatever else is waiting (up to a burst)
+	// with one flush: a busy tail costs a stream one write per burst, not
+	// one per event.
+	bucket := newTokenBucket(c.cfg.StreamRate, time.Now())
+	var limited int64
+	writeEvents := func(ev TailEvent) (open bool, ok bool) {
+		_ = rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
+		for n := 0; ; n++ {
+			if key == "" || strings.HasPrefix(ev.Key, key) {
+				if !bucket.take(time.Now()) {
+					limited++
+				} else if !writeMessage(w, ev.JSON) {
+					return true, false
+				}
+			}
+			if n == streamBurst {
+				break
+			}
+			select {
+			case ev, open = <-events:
+				if !open {
+					return false, rc.Flush() == nil
+				}
+				continue
+			default:
+			}
+			break
+		}
+		return true, rc.Flush() == nil
+	}
 	hello, _ := json.Marshal(map[string]any{"replica": c.cfg.Replica, "key": key, "events": wantEvents && c.deps.Events != nil})
 	if !write("retry: 3000\nevent: hello\ndata: %s\n\n", hello) {
 		return
@@ -87,15 +119,15 @@ func (c *Console) stream(w http.ResponseWriter, r *http.Request, s Session) {
 		case <-c.closing:
 			write("event: bye\ndata: {\"reason\":\"replica stopping\"}\n\n")
 			return
-		case ev, ok := <-events:
-			if !ok { // the tail stopped (shutdown)
+		case ev, open := <-events:
+			if open {
+				var ok bool
+				if open, ok = writeEvents(ev); !ok {
+					return
+				}
+			}
+			if !open { // the tail stopped (shutdown)
 				write("event: bye\ndata: {}\n\n")
-				return
-			}
-			if key != "" && !strings.HasPrefix(ev.Key, key) {
-				continue
-			}
-			if !write("event: ownership\ndata: %s\n\n", ev.JSON) {
 				return
 			}
 		case <-progress:
@@ -112,7 +144,7 @@ func (c *Console) stream(w http.ResponseWriter, r *http.Request, s Session) {
 			}
 		}
 		if sub != nil {
-			if d := sub.Dropped(); d > reported {
+			if d := sub.Dropped() + limited; d > reported {
 				c.metrics.dropped.Add(float64(d - reported))
 				reported = d
 				if !write("event: dropped\ndata: {\"dropped\":%d}\n\n", d) {
@@ -133,4 +165,44 @@ func (c *Console) writeProgress(ctx context.Context, write func(string, ...any) 
 		return false
 	}
 	return write("event: progress\ndata: %s\n\n", b)
+}
+
+var (
+	ownershipHead = []byte("event: ownership\ndata: ")
+	messageEnd    = []byte("\n\n")
+)
+
+// writeMessage writes one ownership message (no formatting: the event's
+// JSON is one line already).
+func writeMessage(w http.ResponseWriter, data []byte) bool {
+	if _, err := w.Write(ownershipHead); err != nil {
+		return false
+	}
+	if _, err := w.Write(data); err != nil {
+		return false
+	}
+	_, err := w.Write(messageEnd)
+	return err == nil
+}
+
+// tokenBucket bounds the events a stream sends per second (Config.StreamRate):
+// a person reads no faster, and the fan-out's cost then stays bounded
+// whatever the event rate; what is over is dropped and the stream told.
+type tokenBucket struct {
+	rate, tokens float64
+	at           time.Time
+}
+
+func newTokenBucket(perSecond int, now time.Time) *tokenBucket {
+	return &tokenBucket{rate: float64(perSecond), tokens: float64(perSecond), at: now}
+}
+
+func (b *tokenBucket) take(now time.Time) bool {
+	b.tokens = min(b.rate, b.tokens+now.Sub(b.at).Seconds()*b.rate)
+	b.at = now
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
 }
