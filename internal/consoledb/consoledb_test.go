@@ -185,9 +185,11 @@ func TestHeartbeatShowsRunsAndStopsAndTheJanitorPrunes(t *testing.T) {
 	defer cancel()
 	run := console.InFlight{Job: "billrun", Key: "billrun:2026-03", Replica: "r9", Fence: 3, Batches: 4, Total: 10, Percent: 40, ETAMS: 1500}
 	hb, err := consoledb.NewHeartbeat(consoledb.HeartbeatConfig{Pool: pg.Pool, Replica: "r9", Version: "v1", Interval: 50 * time.Millisecond,
-		Ready:        func() bool { return true },
-		Dependencies: func() []console.Dependency { return []console.Dependency{{Name: "redis", Checked: true, OK: false, Error: "refused"}} },
-		Runs:         func() []console.InFlight { return []console.InFlight{run} }})
+		Ready: func() bool { return true },
+		Dependencies: func() []console.Dependency {
+			return []console.Dependency{{Name: "redis", Checked: true, OK: false, Error: "refused"}}
+		},
+		Runs: func() []console.InFlight { return []console.InFlight{run} }})
 	require.NoError(t, err)
 	hb.Start(ctx)
 	s := consoledb.NewStore(pg.Pool)

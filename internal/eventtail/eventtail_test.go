@@ -75,4 +75,3 @@ func TestTailSeesEventsOfEveryPartition(t *testing.T) {
 		}
 	}
 }
-
