@@ -391,7 +391,7 @@ func timelinePoints(tl []Point, d time.Duration) (points string, maxBatches int6
 	end := max(d, tl[len(tl)-1].At, time.Millisecond)
 	maxBatches = max(tl[len(tl)-1].Batches, 1)
 	var b strings.Builder
-	b.WriteString(fmt.Sprintf("0,%d", chartH))
+	fmt.Fprintf(&b, "0,%d", chartH)
 	for _, p := range tl {
 		x := float64(p.At) / float64(end) * chartW
 		y := chartH - float64(p.Batches)/float64(maxBatches)*(chartH-10)

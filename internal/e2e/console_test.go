@@ -83,25 +83,17 @@ func tab(t *testing.T, ctx context.Context, within time.Duration, steps ...chrom
 // page is rendered on the server from tables other replicas write.
 func eventuallyPage(t *testing.T, ctx context.Context, url, predicate string, within time.Duration) {
 	t.Helper()
-	var last string
-	ok := assert.Eventually(t, func() bool {
-		c, cancel := context.WithTimeout(ctx, 10*time.Second)
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		if err := chromedp.Do(c, chromedp.Navigate(url)); err != nil {
-			last = err.Error()
-			return false
-		}
-		v, err := chromedp.Run(c, chromedp.Evaluate[bool](predicate))
-		if err != nil {
-			last = err.Error()
-			return false
-		}
+		require.NoError(c, chromedp.Do(cctx, chromedp.Navigate(url)))
+		v, err := chromedp.Run(cctx, chromedp.Evaluate[bool](predicate))
+		require.NoError(c, err)
 		if !v {
-			last, _ = chromedp.Run(c, chromedp.Evaluate[string](`document.body ? document.body.innerText : ''`))
+			text, _ := chromedp.Run(cctx, chromedp.Evaluate[string](`document.body ? document.body.innerText : ''`))
+			require.True(c, v, "%s: %s; the page:\n%s", url, predicate, text)
 		}
-		return v
 	}, within, 500*time.Millisecond)
-	require.True(t, ok, "%s: %s; the page:\n%s", url, predicate, last)
 }
 
 // get runs one action in a tab under a bound and returns its value.
