@@ -105,4 +105,16 @@ func TestLostCommitsAreRepairedBeforeCompletion(t *testing.T) {
 	require.Equal(t, lost, res.Counts["repaired"], "the lost batches' subscribers were repaired")
 	require.Equal(t, seeded.Active, res.Counts["population"])
 	require.Equal(t, seeded.Active, res.Counts["period_invoices_created"])
+
+	// The completion committed with synchronous_commit on: an immediate
+	// restart right after it loses neither the COMPLETED row nor anything
+	// before it. (With the server's setting it lost the row.)
+	srv.Kill()
+	srv.Start()
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		st, err := billrun.ReadStatus(ctx, pool, period)
+		require.NoError(c, err)
+		require.Equal(c, billrun.StatusCompleted, st.Status)
+	}, 30*time.Second, 50*time.Millisecond)
+	b.requireExactlyOnce(t, period)
 }
