@@ -524,64 +524,6 @@ func TestLocksCommand(t *testing.T) {
 	require.Equal(t, job.ExitUnavailable, code)
 }
 
-func TestLockSecretVariables(t *testing.T) {
-	t.Parallel()
-	for name, secret := range map[string]bool{
-		"COORDINATOR_DATABASE_URL":             true,
-		"COORDINATOR_DATABASE_URL_FILE":        true,
-		"COORDINATOR_LOCK_REDIS_URL":           true,
-		"COORDINATOR_LOCK_REDIS_PASSWORD_FILE": true,
-		"COORDINATOR_LOCK_REDIS_TLS_KEY_FILE":  true,
-		"COORDINATOR_ADMIN_TOKEN":              true,
-		"COORDINATOR_ADMIN_TOKEN_FILE":         true,
-		"COORDINATOR_ADMIN_TOKENS_FILE":        true,
-		"COORDINATOR_KAFKA_SASL_PASSWORD":      true,
-		"COORDINATOR_KAFKA_TLS_KEY_FILE":       true,
-		"COORDINATOR_KAFKA_TLS_CA_FILE":        false, // public
-		"COORDINATOR_KAFKA_TLS_CERT_FILE":      false,
-		"COORDINATOR_LOCK_KEY":                 false,
-		"COORDINATOR_LOCK_KEY_PREFIX":          false,
-		"COORDINATOR_LOG_LEVEL":                false,
-		"DATABASE_URL":                         false, // not ours: the command's own business
-		"REDIS_PASSWORD":                       false,
-	} {
-		require.Equal(t, secret, isSecretVar(name), name)
-	}
-}
-
-func TestLockGraceFit(t *testing.T) {
-	t.Parallel()
-	for _, c := range []struct {
-		name     string
-		lease    time.Duration // 0: watchdog
-		ttl      time.Duration
-		grace    time.Duration // 0: not given
-		want     time.Duration
-		refusing bool
-	}{
-		{"watchdog default shrinks to what fits", 0, 30 * time.Second, 0, 30*time.Second/3 - 1502*time.Millisecond - 500*time.Millisecond, false},
-		{"watchdog long enough for 10s", 0, 40 * time.Second, 0, 10 * time.Second, false},
-		{"watchdog given too long", 0, 30 * time.Second, 10 * time.Second, 0, true},
-		{"explicit default is half of what fits", 10 * time.Second, 10 * time.Second, 0, (10*time.Second - 502*time.Millisecond - 500*time.Millisecond) / 2, false},
-		{"explicit long lease keeps 10s", time.Hour, time.Hour, 0, 10 * time.Second, false},
-		{"explicit given fits", 4 * time.Second, 4 * time.Second, time.Second, time.Second, false},
-		{"explicit grace leaving no run time", 2 * time.Second, 2 * time.Second, 1698 * time.Millisecond, 0, true},
-		{"explicit 2s lease, 5s grace", 2 * time.Second, 2 * time.Second, 5 * time.Second, 0, true},
-	} {
-		a := lockArgs{grace: defaultGrace, lease: c.lease}
-		if c.grace > 0 {
-			a.grace, a.graceSet = c.grace, true
-		}
-		got, err := fitGrace(a, c.ttl, c.lease == 0)
-		if c.refusing {
-			require.Error(t, err, c.name)
-			continue
-		}
-		require.NoError(t, err, c.name)
-		require.Equal(t, c.want, got, c.name)
-	}
-}
-
 // A signal while the coordinator waits for the lock ends the wait: the
 // command never runs, and the exit status is the signal's (128+N), not
 // "already owned" (75), which would tell a caller that another holder ran
