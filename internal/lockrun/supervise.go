@@ -47,6 +47,10 @@ type lockRun struct {
 	lost       bool // the lease ended, or was about to: exit 76
 	signalled  int  // cancel signals received
 	rootStatus *syscall.WaitStatus
+	// endedTrusted: the command exited while its lease was trusted and
+	// nothing had begun to terminate it for the lease's sake; its exit
+	// status is the run's, whatever the release finds.
+	endedTrusted bool
 	rootStop   bool // the command is stopped
 }
 
@@ -148,11 +152,22 @@ func (r *lockRun) run(ctx context.Context, c Config, path string) int {
 	if r.rootStatus != nil {
 		code = statusCode(*r.rootStatus)
 	}
-	if r.lost || errors.Is(r.lease.Err(), ownership.ErrLeaseLost) {
-		_ = r.release(ctx) // logged inside; TTL expiry is the backstop
+	err = r.release(ctx) // other failures are logged inside; TTL expiry is the backstop
+	gone := errors.Is(err, ownership.ErrNotHeld) || errors.Is(err, ownership.ErrLeaseLost)
+	switch {
+	case r.endedTrusted:
+		// The command's work ended under the lock. What became of the
+		// lease afterwards (a Redis stall that outlasted the TTL, a release
+		// that found the lock expired) does not make it a lost run.
+		if gone {
+			r.log.Warn("lock_lost_after_command", "lock_key", r.key, "fence", r.lease.Fence(), "exit_code", code,
+				"detail", "the command ended while its lease was trusted; its exit status stands", "error", err)
+		}
+		return code
+	case r.lost:
 		return job.ExitLost
-	}
-	if err := r.release(ctx); errors.Is(err, ownership.ErrNotHeld) {
+	case gone:
+		r.log.Warn("lock_release_failed", "lock_key", r.key, "fence", r.lease.Fence(), "error", err)
 		return job.ExitLost
 	}
 	return code
@@ -168,6 +183,7 @@ func (r *lockRun) supervise(ctx context.Context, probes <-chan probeResult) {
 			case proctree.RootExited:
 				st := ev.Status
 				r.rootStatus, r.rootStop = &st, false
+				r.endedTrusted = r.trusted()
 				r.leftovers()
 			case proctree.RootStopped:
 				r.rootStop = true
@@ -431,7 +447,18 @@ func (r *lockRun) probed(p probeResult) {
 	}
 }
 
-// release gives the lock up, bounded: TTL expiry is the backstop.
+// trusted reports whether the lease can still be trusted now: not lost,
+// not being terminated for its sake, and before its trust deadline.
+func (r *lockRun) trusted() bool {
+	if r.lost || r.lease.Err() != nil {
+		return false
+	}
+	return r.until().IsZero() || time.Now().Before(r.until())
+}
+
+// release gives the lock up, bounded: TTL expiry is the backstop. A lease
+// found lost or no longer held is returned (an error matching ErrLeaseLost
+// or ErrNotHeld) for the caller to judge; other failures are logged here.
 func (r *lockRun) release(ctx context.Context) error {
 	if r.lease.Err() != nil {
 		return r.lease.Err()
@@ -439,7 +466,7 @@ func (r *lockRun) release(ctx context.Context) error {
 	relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ownership.ReleaseTimeout)
 	defer cancel()
 	err := r.lease.Release(relCtx)
-	if err != nil {
+	if err != nil && !errors.Is(err, ownership.ErrNotHeld) {
 		r.log.Warn("lock_release_failed", "lock_key", r.key, "fence", r.lease.Fence(), "error", err)
 	}
 	return err

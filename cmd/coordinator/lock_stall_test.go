@@ -1,0 +1,77 @@
+package main
+
+// `coordinator lock` when Redis stalls (DEBUG SLEEP, CLIENT PAUSE ... WRITE)
+// on a throwaway redis-server of the test's own: the shared one is never
+// stalled.
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/telco-platform/coordinator/internal/testenv"
+)
+
+// stallableRedis is a redis-server that accepts DEBUG, and the lock
+// configuration on it.
+func stallableRedis(t *testing.T) (*testenv.RedisServer, map[string]string) {
+	t.Helper()
+	srv := testenv.StartRedisServerWith(t, testenv.RedisServerOptions{Args: []string{"--enable-debug-command", "yes"}})
+	return srv, map[string]string{
+		"COORDINATOR_LOCK_REDIS_URL":  srv.URL(),
+		"COORDINATOR_LOCK_KEY_PREFIX": "stall",
+		"COORDINATOR_REPLICA_ID":      "cli-test",
+		"COORDINATOR_LOG_LEVEL":       "info",
+	}
+}
+
+// stallRedis stalls srv for d, as the issue's DEBUG SLEEP or CLIENT PAUSE
+// WRITE did, and returns once the stall has begun.
+func stallRedis(t *testing.T, srv *testenv.RedisServer, how string, d time.Duration) {
+	t.Helper()
+	switch how {
+	case "debug sleep":
+		srv.Stall(t, d)
+	case "client pause write":
+		ms := strconv.FormatInt(d.Milliseconds(), 10)
+		require.NoError(t, srv.Client(t).Do(context.Background(), "client", "pause", ms, "write").Err())
+	default:
+		t.Fatalf("unknown stall %q", how)
+	}
+}
+
+// Issue 24: the command ends well inside its lease while Redis stalls; the
+// release, answered only after the stall, finds the lease expired. The
+// command finished while its lease was trusted: lock exits with the
+// command's own status and warns that the lock was found gone, not 76
+// (which tells a wrapper the command was cut short, and makes it run a
+// finished job again).
+func TestLockReturnsTheCommandsStatusWhenTheLeaseEndsAfterIt(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"debug sleep", "client pause write"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			srv, vars := stallableRedis(t)
+			dir := t.TempDir()
+			started, finish := filepath.Join(dir, "started"), filepath.Join(dir, "finish")
+			// The command ends as soon as the stall has begun, as in the
+			// issue (stall at 0.45s, exit at 0.5s).
+			p := startLock(t, vars, "--key", "ds", "--lease", "3s", "--",
+				"sh", "-c", `touch "$0"; while [ ! -e "$1" ]; do sleep 0.01; done; exit 7`, started, finish)
+			require.Eventually(t, func() bool { _, err := os.Stat(started); return err == nil },
+				30*time.Second, 5*time.Millisecond, "the command never started: %s", p.readErr())
+			// Longer than the lease: the release is answered after the
+			// lock's TTL has run out.
+			stallRedis(t, srv, how, 3300*time.Millisecond)
+			require.NoError(t, os.WriteFile(finish, nil, 0o644))
+			code, _, errs := p.wait(60 * time.Second)
+			require.Equal(t, 7, code, "the command's own status:\n%s", errs)
+			require.Contains(t, errs, "lock_lost_after_command", "the late loss is reported:\n%s", errs)
+		})
+	}
+}
