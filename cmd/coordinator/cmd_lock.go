@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/lockrun"
@@ -42,8 +43,8 @@ func runLock(ctx context.Context, cio cliIO, args []string) int {
 	return lockrun.Run(ctx, lockrun.Config{
 		Args:            a,
 		WatchdogTimeout: cfg.LockWatchdogTimeout,
-		Open: func(ctx context.Context) (ownership.Locker, error) {
-			return openLocker(ctx, cfg, log, nil)
+		Open: func(ctx context.Context, minTrust time.Duration) (ownership.Locker, error) {
+			return openLockerMinTrust(ctx, cfg, log, nil, minTrust)
 		},
 		Log:     log,
 		Stdin:   cio.stdin,

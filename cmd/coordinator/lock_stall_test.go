@@ -9,11 +9,13 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/testenv"
 )
 
@@ -74,4 +76,34 @@ func TestLockReturnsTheCommandsStatusWhenTheLeaseEndsAfterIt(t *testing.T) {
 			require.Contains(t, errs, "lock_lost_after_command", "the late loss is reported:\n%s", errs)
 		})
 	}
+}
+
+// Issue 24: A holds p2 (watchdog 3s) when Redis pauses writes for 4s; B
+// asks for p2 with --wait 20s during the pause. B's acquisition is answered
+// only after the pause, past the time it could have been trusted for. B
+// gives that acquisition back (by its token) and keeps waiting within its
+// --wait, instead of exiting 76 with 16s of it unused; it gets the lock
+// and runs its command once A's tree is gone.
+func TestLockWaiterRetriesAnAcquisitionThatCameBackTooLate(t *testing.T) {
+	t.Parallel()
+	srv, vars := stallableRedis(t)
+	vars["COORDINATOR_LOCK_WATCHDOG_TIMEOUT"] = "3s"
+	dir := t.TempDir()
+	flockFile, ready := filepath.Join(dir, "flock"), filepath.Join(dir, "ready")
+	noOrphans(t, ready)
+	a := startLock(t, vars, append([]string{"--key", "p2", "--"},
+		helperArgv(t, "tree", "-flock", flockFile, "-ready", ready, "-ignore-term")...)...)
+	a.treePids(t, ready)
+
+	require.NoError(t, srv.Client(t).Do(context.Background(), "client", "pause", "4000", "write").Err())
+	b := startLock(t, vars, append([]string{"--key", "p2", "--wait", "20s", "--"}, helperArgv(t, "checkfree", flockFile)...)...)
+
+	code, out, errs := b.wait(60 * time.Second)
+	require.Equal(t, 0, code, "B waits on within --wait and runs its command:\n%s%s", out, errs)
+	require.Equal(t, "free", strings.TrimSpace(out), "B's command ran while A's tree was alive")
+	require.Contains(t, errs, "lock_acquired_too_late", "B gave the late acquisition back")
+	require.NotContains(t, errs, "lock_lost_before_start")
+
+	code, _, errs = a.wait(60 * time.Second)
+	require.Equal(t, job.ExitLost, code, "A's lease ran out during the pause:\n%s", errs)
 }

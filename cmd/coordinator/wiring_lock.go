@@ -24,6 +24,14 @@ import (
 // lock keys is refused (an evicted lock lets a second holder in); one that
 // does not answer yet only logs, and acquisitions fail closed until it does.
 func openLocker(ctx context.Context, cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (ownership.Locker, error) {
+	return openLockerMinTrust(ctx, cfg, log, reg, 0)
+}
+
+// openLockerMinTrust is openLocker whose Redis Locker gives back an
+// acquisition answered with less than minTrust left of its trust window,
+// and waits on (redislock.Config.MinTrust): `coordinator lock` needs its
+// grace and kill margin.
+func openLockerMinTrust(ctx context.Context, cfg config.Config, log *slog.Logger, reg prometheus.Registerer, minTrust time.Duration) (ownership.Locker, error) {
 	metrics := ownership.NewMetrics(reg)
 	if !cfg.LockEnabled {
 		log.Warn("lock_disabled_single_replica_mode",
@@ -41,7 +49,7 @@ func openLocker(ctx context.Context, cfg config.Config, log *slog.Logger, reg pr
 	l, err := redislock.New(client, redislock.Config{
 		Prefix: cfg.LockKeyPrefix, Owner: cfg.ReplicaID, WaitTime: lockerWait(cfg.LockWaitTime),
 		WatchdogTimeout: cfg.LockWatchdogTimeout, Logger: log, Metrics: metrics,
-		WaitReplicas: cfg.LockWaitReplicas, ReplicaTimeout: cfg.LockWaitReplicasTimeout,
+		WaitReplicas: cfg.LockWaitReplicas, ReplicaTimeout: cfg.LockWaitReplicasTimeout, MinTrust: minTrust,
 	})
 	if err != nil {
 		_ = client.Close()

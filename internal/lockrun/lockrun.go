@@ -37,8 +37,12 @@ type Config struct {
 	// Args.Lease is 0.
 	WatchdogTimeout time.Duration
 	// Open opens the Locker, once the arguments were found usable. An error
-	// is a configuration error (exit 64). Run closes the Locker.
-	Open func(ctx context.Context) (ownership.Locker, error)
+	// is a configuration error (exit 64). Run closes the Locker. minTrust is
+	// how long an acquisition must still be trusted for when it is answered
+	// (the grace and the kill margin: time to stop the command before the
+	// lease can end); a Locker that can be answered late (Redis) gives back
+	// one answered later and waits on (redislock.Config.MinTrust).
+	Open func(ctx context.Context, minTrust time.Duration) (ownership.Locker, error)
 	// Log receives the run's records. Default: discard.
 	Log *slog.Logger
 	// Stdin, Stdout and Stderr are the command's streams; *os.File values
@@ -92,7 +96,7 @@ func Run(ctx context.Context, c Config) int {
 	}
 	defer signal.Stop(sigs)
 
-	locker, err := c.Open(ctx)
+	locker, err := c.Open(ctx, grace+killMargin(ttl))
 	if err != nil {
 		fmt.Fprintf(stderr, "coordinator lock: %v\n", err)
 		return job.ExitUsage

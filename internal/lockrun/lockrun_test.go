@@ -108,7 +108,7 @@ func TestRunInProcess(t *testing.T) {
 	var out, errs bytes.Buffer
 	code := Run(context.Background(), Config{
 		Args: a, WatchdogTimeout: 30 * time.Second,
-		Open:   func(context.Context) (ownership.Locker, error) { return unclosable{locker}, nil },
+		Open:   func(context.Context, time.Duration) (ownership.Locker, error) { return unclosable{locker}, nil },
 		Stdout: &out, Stderr: &errs,
 		Environ: []string{"PATH=" + os.Getenv("PATH")},
 	})

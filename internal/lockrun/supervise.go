@@ -51,7 +51,7 @@ type lockRun struct {
 	// nothing had begun to terminate it for the lease's sake; its exit
 	// status is the run's, whatever the release finds.
 	endedTrusted bool
-	rootStop   bool // the command is stopped
+	rootStop     bool // the command is stopped
 }
 
 type phase int
