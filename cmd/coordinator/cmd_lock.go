@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"time"
 
+	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/lockrun"
 	"github.com/telco-platform/coordinator/internal/ownership"
@@ -39,8 +41,14 @@ func runLock(ctx context.Context, cio cliIO, args []string) int {
 	if a.WaitSet {
 		cfg.LockWaitTime = a.Wait
 	}
-	log := newLogger(cfg, cio.stderr)
-	return lockrun.Run(ctx, lockrun.Config{
+	return lockrun.Run(ctx, lockRunConfig(a, cfg, cio, newLogger(cfg, cio.stderr)))
+}
+
+// lockRunConfig wires one lock run: the Locker from the configuration, the
+// process's streams and environment, and what the command must not get of
+// it: every variable the coordinator reads as configuration.
+func lockRunConfig(a lockrun.Args, cfg config.Config, cio cliIO, log *slog.Logger) lockrun.Config {
+	return lockrun.Config{
 		Args:            a,
 		WatchdogTimeout: cfg.LockWatchdogTimeout,
 		Open: func(ctx context.Context, minTrust time.Duration) (ownership.Locker, error) {
@@ -51,5 +59,6 @@ func runLock(ctx context.Context, cio cliIO, args []string) int {
 		Stdout:  cio.stdout,
 		Stderr:  cio.stderr,
 		Environ: os.Environ(),
-	})
+		Removed: config.IsVariable,
+	}
 }

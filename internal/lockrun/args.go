@@ -3,6 +3,7 @@ package lockrun
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -10,7 +11,7 @@ import (
 )
 
 // Usage is the synopsis `coordinator lock` prints with a usage error.
-const Usage = `usage: coordinator lock --key KEY [--lease D] [--wait D] [--grace D] [config flags] -- CMD [ARGS...]
+const Usage = `usage: coordinator lock --key KEY [--lease D] [--wait D] [--grace D] [--pass-env NAME]... [config flags] -- CMD [ARGS...]
 
 Runs CMD while holding the ownership lock on KEY (a distributed flock), and
 releases the lock only when CMD and every process it started are gone.
@@ -23,6 +24,7 @@ releases the lock only when CMD and every process it started are gone.
            SIGTERM goes out grace + a kill margin before the lease's trust deadline
            (explicit: lease - lease/20; watchdog: when the last confirmed expiry is
            a third of the TTL away). A --grace that cannot fit is refused (64).
+  --pass-env  hand the variable NAME, which CMD would not get, on to it (repeatable)
 The process tree: CMD runs in a process group of its own (on a terminal: the
 foreground group). coordinator is a child subreaper, so processes that leave
 the group (setsid, double fork) stay its descendants. When CMD exits, whatever
@@ -34,8 +36,9 @@ and SIGCONT are forwarded. On a terminal, Ctrl-Z stops CMD and then coordinator;
 nothing renews the lock while stopped, and on fg/bg CMD is continued only if
 the lease can still be trusted for a whole termination, else it is killed (76).
 CMD sees COORDINATOR_LOCK_KEY, COORDINATOR_LOCK_OWNER, COORDINATOR_LOCK_FENCE and
-the environment without the coordinator's secrets (COORDINATOR_* variables
-naming a URL, DSN, PASSWORD, TOKEN, SECRET, CREDENTIAL or a *_KEY_FILE).
+the environment without what coordinator reads as its configuration (every
+COORDINATOR_* variable, DATABASE_URL, REDIS_URL, PG*, OTEL_*), but for the
+variables --pass-env names.
 Exit: CMD's own code (128+N if killed by signal N); 75 already owned; 69 lock
 backend unavailable; 76 lease lost or ending while CMD ran; 64 bad usage;
 1 CMD could not be started; 128+N signal N while waiting for the lock (CMD
@@ -55,6 +58,9 @@ type Args struct {
 	// Wait is --wait, when WaitSet: it replaces COORDINATOR_LOCK_WAIT_TIME.
 	Wait    time.Duration
 	WaitSet bool
+	// PassEnv are the variables --pass-env names: the command gets them
+	// although they are the coordinator's configuration.
+	PassEnv []string
 	// Config are the other flags: the coordinator's configuration flags,
 	// for the caller to parse.
 	Config []string
@@ -78,7 +84,7 @@ func ParseArgs(args []string) (Args, error) {
 			return a, fmt.Errorf("unexpected argument %q (the command goes after --)", arg)
 		}
 		switch name {
-		case "key", "lease", "wait", "grace":
+		case "key", "lease", "wait", "grace", "pass-env":
 		default:
 			a.Config = append(a.Config, arg)
 			if !hasVal && i+1 < len(args) && args[i+1] != "--" && !strings.HasPrefix(args[i+1], "-") {
@@ -94,8 +100,15 @@ func ParseArgs(args []string) (Args, error) {
 			i++
 			val = args[i]
 		}
-		if name == "key" {
+		switch name {
+		case "key":
 			a.Key = val
+			continue
+		case "pass-env":
+			if err := checkPassEnv(val); err != nil {
+				return a, err
+			}
+			a.PassEnv = append(a.PassEnv, val)
 			continue
 		}
 		d, err := time.ParseDuration(val)
@@ -168,4 +181,20 @@ func fitGrace(a Args, ttl time.Duration, watchdog bool) (time.Duration, error) {
 			a.Grace, what, killMargin(ttl), most.Round(time.Millisecond))
 	}
 	return a.Grace, nil
+}
+
+// checkPassEnv refuses a --pass-env that cannot name a variable to hand on.
+func checkPassEnv(name string) error {
+	if slices.Contains(lockVars, name) {
+		return fmt.Errorf("--pass-env %s: coordinator lock sets it for the command itself", name)
+	}
+	for i, c := range name {
+		if !(c == '_' || c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || i > 0 && c >= '0' && c <= '9') {
+			return fmt.Errorf("--pass-env %q is not an environment variable name (A-Z a-z 0-9 _, not starting with a digit)", name)
+		}
+	}
+	if name == "" {
+		return errors.New("--pass-env needs a variable name")
+	}
+	return nil
 }

@@ -52,6 +52,10 @@ type Config struct {
 	Stdout, Stderr io.Writer
 	// Environ is the environment the command's is made from (os.Environ()).
 	Environ []string
+	// Removed reports the variables of Environ the command does not get
+	// unless --pass-env names them: what the coordinator reads as its
+	// configuration (config.IsVariable). Nil removes none.
+	Removed func(name string) bool
 }
 
 // cancelSignals are forwarded to the command once; a second one escalates.
@@ -77,6 +81,12 @@ func Run(ctx context.Context, c Config) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "coordinator lock: %v\n", err)
 		return job.ExitUsage
+	}
+	for _, name := range a.PassEnv {
+		if c.Removed != nil && !c.Removed(name) {
+			fmt.Fprintf(stderr, "coordinator lock: --pass-env %s: the command gets it anyway (only the coordinator's configuration is kept from it)\n", name)
+			return job.ExitUsage
+		}
 	}
 	path, err := exec.LookPath(a.Argv[0])
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,29 +13,20 @@ import (
 	"github.com/telco-platform/coordinator/internal/ownership"
 )
 
-func TestLockSecretVariables(t *testing.T) {
+// The command's environment: what removed reports is gone unless --pass-env
+// names it; the lock's own variables replace inherited ones; the rest is
+// kept as it was, in order.
+func TestCommandEnv(t *testing.T) {
 	t.Parallel()
-	for name, secret := range map[string]bool{
-		"COORDINATOR_DATABASE_URL":             true,
-		"COORDINATOR_DATABASE_URL_FILE":        true,
-		"COORDINATOR_LOCK_REDIS_URL":           true,
-		"COORDINATOR_LOCK_REDIS_PASSWORD_FILE": true,
-		"COORDINATOR_LOCK_REDIS_TLS_KEY_FILE":  true,
-		"COORDINATOR_ADMIN_TOKEN":              true,
-		"COORDINATOR_ADMIN_TOKEN_FILE":         true,
-		"COORDINATOR_ADMIN_TOKENS_FILE":        true,
-		"COORDINATOR_KAFKA_SASL_PASSWORD":      true,
-		"COORDINATOR_KAFKA_TLS_KEY_FILE":       true,
-		"COORDINATOR_KAFKA_TLS_CA_FILE":        false, // public
-		"COORDINATOR_KAFKA_TLS_CERT_FILE":      false,
-		"COORDINATOR_LOCK_KEY":                 false,
-		"COORDINATOR_LOCK_KEY_PREFIX":          false,
-		"COORDINATOR_LOG_LEVEL":                false,
-		"DATABASE_URL":                         false, // not ours: the command's own business
-		"REDIS_PASSWORD":                       false,
-	} {
-		require.Equal(t, secret, isSecretVar(name), name)
-	}
+	removed := func(name string) bool { return strings.HasPrefix(name, "SECRET_") }
+	env := commandEnv([]string{
+		"PATH=/bin", "SECRET_A=1", "SECRET_B=2", "COORDINATOR_LOCK_KEY=outer", "KEEP=x=y", "COORDINATOR_LOCK_FENCE=1",
+	}, removed, []string{"SECRET_B"}, "k", "me", 42)
+	require.Equal(t, []string{
+		"PATH=/bin", "SECRET_B=2", "KEEP=x=y",
+		"COORDINATOR_LOCK_KEY=k", "COORDINATOR_LOCK_OWNER=me", "COORDINATOR_LOCK_FENCE=42",
+	}, env)
+	require.Len(t, commandEnv([]string{"SECRET_A=1"}, nil, nil, "k", "me", 1), 4, "nil removes nothing")
 }
 
 func TestLockGraceFit(t *testing.T) {
@@ -72,8 +64,10 @@ func TestLockGraceFit(t *testing.T) {
 
 func TestParseArgs(t *testing.T) {
 	t.Parallel()
-	a, err := ParseArgs([]string{"--key", "k", "--lease=5s", "--log-level", "warn", "--wait", "0", "--lock-enabled=false", "--", "sh", "-c", "exit 3"})
+	a, err := ParseArgs([]string{"--key", "k", "--lease=5s", "--log-level", "warn", "--wait", "0", "--pass-env", "PGPASSWORD",
+		"--lock-enabled=false", "--pass-env=REDIS_URL", "--", "sh", "-c", "exit 3"})
 	require.NoError(t, err)
+	require.Equal(t, []string{"PGPASSWORD", "REDIS_URL"}, a.PassEnv)
 	require.Equal(t, "k", a.Key)
 	require.Equal(t, 5*time.Second, a.Lease)
 	require.True(t, a.WaitSet)
@@ -91,6 +85,10 @@ func TestParseArgs(t *testing.T) {
 		{"--key", "k", "--lease", "soon", "--", "true"},
 		{"--key", "k", "--grace", "-1s", "--", "true"},
 		{"--key", "k", "stray", "--", "true"},
+		{"--key", "k", "--pass-env", "1X", "--", "true"},
+		{"--key", "k", "--pass-env", "A=B", "--", "true"},
+		{"--key", "k", "--pass-env", "COORDINATOR_LOCK_FENCE", "--", "true"},
+		{"--key", "k", "--pass-env", "--", "true"},
 	} {
 		_, err := ParseArgs(bad)
 		require.Error(t, err, "%q", bad)
@@ -123,3 +121,21 @@ func TestRunInProcess(t *testing.T) {
 type unclosable struct{ ownership.Locker }
 
 func (unclosable) Close() error { return nil }
+
+// --pass-env of a variable the command gets anyway is a mistake (a typo,
+// most likely): refused before anything is locked.
+func TestRunRefusesAPassEnvThatRemovesNothing(t *testing.T) {
+	t.Parallel()
+	a, err := ParseArgs([]string{"--key", "k", "--pass-env", "HOME", "--", "true"})
+	require.NoError(t, err)
+	var errs bytes.Buffer
+	opened := false
+	code := Run(context.Background(), Config{
+		Args: a, WatchdogTimeout: 30 * time.Second, Stderr: &errs,
+		Removed: func(name string) bool { return name == "SECRET" },
+		Open:    func(context.Context, time.Duration) (ownership.Locker, error) { opened = true; return nil, nil },
+	})
+	require.Equal(t, 64, code)
+	require.Contains(t, errs.String(), "--pass-env HOME")
+	require.False(t, opened, "nothing was locked")
+}

@@ -108,7 +108,7 @@ func (r *lockRun) run(ctx context.Context, c Config, path string) int {
 	}
 	cfg := proctree.Config{
 		Path: path, Args: argv, Files: stdio.files,
-		Env: commandEnv(c.Environ, r.key, r.lease.Owner(), r.lease.Fence()),
+		Env: commandEnv(c.Environ, c.Removed, c.Args.PassEnv, r.key, r.lease.Owner(), r.lease.Fence()),
 	}
 	if r.term != nil && r.term.foreground() == r.term.pgrp {
 		cfg.TTY = r.term.f
