@@ -107,3 +107,51 @@ func TestLockWaiterRetriesAnAcquisitionThatCameBackTooLate(t *testing.T) {
 	code, _, errs = a.wait(60 * time.Second)
 	require.Equal(t, job.ExitLost, code, "A's lease ran out during the pause:\n%s", errs)
 }
+
+// The overlap a forward clock step on the Redis host can cause under
+// `coordinator lock` (docs/lock.md, "Clock steps"), emulated as in
+// redislock's TestClockStepOverlap: the lock's PEXPIRE is cut to 1 ms behind
+// the coordinator's back and another holder acquires. The overlap is the
+// time from that acquisition until the command is dead. The coordinator
+// reads the lock on Redis every tenth of the TTL (at most every 10s) and
+// kills the tree at once when it is gone, in both modes: the overlap is at
+// most that probe interval (plus a round trip and the kill), not TTL/3 or
+// the whole lease as for a library holder. Run with -v for the figures.
+func TestLockClockStepOverlap(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name  string
+		vars  []string
+		args  []string
+		probe time.Duration // every TTL/10, at most 10s
+	}{
+		{"watchdog 3s", []string{"COORDINATOR_LOCK_WATCHDOG_TIMEOUT", "3s"}, nil, 300 * time.Millisecond},
+		{"explicit lease 3s", nil, []string{"--lease", "3s", "--grace", "500ms"}, 300 * time.Millisecond},
+		{"explicit lease 60s", nil, []string{"--lease", "60s"}, 6 * time.Second},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := newLockCLIEnv(t)
+			ready := filepath.Join(t.TempDir(), "ready")
+			noOrphans(t, ready)
+			key := "cli/step"
+			args := append(append([]string{"--key", key}, c.args...), "--")
+			p := startLock(t, e.with(c.vars...), append(args, helperArgv(t, "tree", "-ready", ready, "-ignore-term")...)...)
+			root := p.treePids(t, ready)["root"]
+
+			require.NoError(t, e.redis.Client.PExpire(context.Background(), e.lockKey(key), time.Millisecond).Err())
+			e.holder(t, key)
+			both := time.Now()
+			require.Eventually(t, func() bool { return !alive(t, root) }, c.probe+10*time.Second, time.Millisecond,
+				"the command still runs after another holder took the lock")
+			overlap := time.Since(both)
+			t.Logf("%s: overlap %s (probe every %s)", c.name, overlap.Round(time.Millisecond), c.probe)
+			code, _, errs := p.wait(30 * time.Second)
+			require.Equal(t, job.ExitLost, code, errs)
+			require.Contains(t, errs, "lock_lost_killing_command")
+			// The bound is the behaviour under test, with a loaded
+			// machine's margin.
+			require.Less(t, overlap, c.probe+time.Second)
+		})
+	}
+}
