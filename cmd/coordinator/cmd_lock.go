@@ -51,6 +51,7 @@ func lockRunConfig(a lockrun.Args, cfg config.Config, cio cliIO, log *slog.Logge
 	return lockrun.Config{
 		Args:            a,
 		WatchdogTimeout: cfg.LockWatchdogTimeout,
+		Wait:            cfg.LockWaitTime,
 		Open: func(ctx context.Context, minTrust time.Duration) (ownership.Locker, error) {
 			return openLockerMinTrust(ctx, cfg, log, nil, minTrust)
 		},

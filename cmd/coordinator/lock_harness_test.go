@@ -177,30 +177,6 @@ func (p *lockProc) treePids(t *testing.T, ready string) map[string]int {
 	return readTreePids(t, ready, p)
 }
 
-// readyOrExit is treePids for p's tree, or false when p exited before its
-// command was ready (the lock not taken).
-func (p *lockProc) readyOrExit(t *testing.T, ready string) (map[string]int, bool) {
-	t.Helper()
-	exited := false
-	require.Eventually(t, func() bool {
-		if _, err := os.Stat(ready); err == nil {
-			return true
-		}
-		select {
-		case <-p.done:
-			_, err := os.Stat(ready)
-			exited = err != nil
-			return true
-		default:
-			return false
-		}
-	}, 30*time.Second, 10*time.Millisecond, "the command never became ready")
-	if exited {
-		return nil, false
-	}
-	return treePids(t, ready), true
-}
-
 func readTreePids(t *testing.T, ready string, p *lockProc) map[string]int {
 	t.Helper()
 	var b []byte

@@ -155,3 +155,19 @@ func TestLockClockStepOverlap(t *testing.T) {
 		})
 	}
 }
+
+// A waiter's --wait also covers a Redis that does not answer for a while:
+// writes paused for 5s time out the acquire (go-redis' read timeout is 2s),
+// and the coordinator asks again within its budget instead of exiting 69
+// with most of it unused.
+func TestLockWaiterWaitsOutAnUnavailableRedis(t *testing.T) {
+	t.Parallel()
+	srv, vars := stallableRedis(t)
+	marker := filepath.Join(t.TempDir(), "ran")
+	coordinatorBinary(t) // built before the pause starts
+	require.NoError(t, srv.Client(t).Do(context.Background(), "client", "pause", "5000", "write").Err())
+	code, _, errs := startLock(t, vars, "--key", "p3", "--wait", "30s", "--", "touch", marker).wait(60 * time.Second)
+	require.Equal(t, 0, code, errs)
+	require.FileExists(t, marker)
+	require.Contains(t, errs, "lock_backend_unavailable_waiting")
+}

@@ -52,6 +52,11 @@ type Config struct {
 	Stdout, Stderr io.Writer
 	// Environ is the environment the command's is made from (os.Environ()).
 	Environ []string
+	// Wait is the wait budget (--wait, else COORDINATOR_LOCK_WAIT_TIME; the
+	// Locker's WaitTime is the same): the lock is asked for until it is
+	// taken or the budget is spent, through a backend that is unavailable
+	// meanwhile. 0: one try.
+	Wait time.Duration
 	// Removed reports the variables of Environ the command does not get
 	// unless --pass-env names them: what the coordinator reads as its
 	// configuration (config.IsVariable). Nil removes none.
@@ -127,7 +132,7 @@ func Run(ctx context.Context, c Config) int {
 		}
 	})
 	asked := time.Now()
-	lease, err := locker.Acquire(acqCtx, a.Key, a.Lease)
+	lease, err := acquireWithin(acqCtx, locker, a.Key, a.Lease, c.Wait, log)
 	close(acquiring)
 	watch.Wait()
 	switch {
@@ -174,3 +179,46 @@ func Run(ctx context.Context, c Config) int {
 	}
 	return r.run(ctx, c, path)
 }
+
+// acquireWithin asks for the lock until it is taken, another holder keeps it
+// past the wait, or the wait is spent. The Locker waits out a held lock on
+// its own; an unavailable backend (a Redis stall or restart, a failover, an
+// unacknowledged acquisition) ends one Acquire early, and is asked again,
+// with backoff, within the same budget. A zero wait is one try, as flock -n.
+func acquireWithin(ctx context.Context, locker ownership.Locker, key string, lease, wait time.Duration, log *slog.Logger) (ownership.Lease, error) {
+	end := time.Now().Add(wait)
+	le, err := locker.Acquire(ctx, key, lease)
+	if wait <= 0 {
+		return le, err
+	}
+	// The tries after the first are bounded by what is left of the budget
+	// (the Locker would give each a whole wait of its own), plus
+	// retryTryGrace for a try still in flight when it runs out.
+	retryCtx, cancel := context.WithDeadline(ctx, end.Add(retryTryGrace))
+	defer cancel()
+	backoff := 100 * time.Millisecond
+	for tries := 1; err != nil && errors.Is(err, ownership.ErrUnavailable) && ctx.Err() == nil; tries++ {
+		if time.Until(end) <= 0 {
+			break
+		}
+		level := slog.LevelDebug
+		if tries == 1 {
+			level = slog.LevelWarn
+		}
+		log.Log(ctx, level, "lock_backend_unavailable_waiting", "lock_key", key, "tries", tries, "error", err)
+		t := time.NewTimer(min(backoff, time.Until(end)))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, err
+		case <-t.C:
+		}
+		backoff = min(2*backoff, time.Second)
+		le, err = locker.Acquire(retryCtx, key, lease)
+	}
+	return le, err
+}
+
+// retryTryGrace is how long past the wait a retried Acquire still in flight
+// may take to be answered.
+const retryTryGrace = time.Second

@@ -3,6 +3,7 @@ package lockrun
 import (
 	"bytes"
 	"context"
+	"log/slog"
 	"os"
 	"strings"
 	"testing"
@@ -138,4 +139,43 @@ func TestRunRefusesAPassEnvThatRemovesNothing(t *testing.T) {
 	require.Equal(t, 64, code)
 	require.Contains(t, errs.String(), "--pass-env HOME")
 	require.False(t, opened, "nothing was locked")
+}
+
+// The wait budget covers an unavailable backend: asked again with backoff
+// until it answers, and no longer than the budget; a zero wait is one try;
+// a lock held past the budget is already owned, not unavailable.
+func TestAcquireWithin(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	log := slog.New(slog.DiscardHandler)
+	newLocker := func() *ownership.MemoryLocker {
+		l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "me", WaitTime: 300 * time.Millisecond})
+		t.Cleanup(func() { _ = l.Close() })
+		return l
+	}
+
+	l := newLocker()
+	l.SetUnavailable(true)
+	_, err := acquireWithin(ctx, l, "k", 0, 0, log)
+	require.ErrorIs(t, err, ownership.ErrUnavailable, "--wait 0: one try")
+
+	back := time.AfterFunc(400*time.Millisecond, func() { l.SetUnavailable(false) })
+	t.Cleanup(func() { back.Stop() })
+	le, err := acquireWithin(ctx, l, "k", 0, 30*time.Second, log)
+	require.NoError(t, err, "asked again until the backend answered")
+	require.NoError(t, le.Release(ctx))
+
+	l = newLocker()
+	l.SetUnavailable(true)
+	start := time.Now()
+	_, err = acquireWithin(ctx, l, "k", 0, 300*time.Millisecond, log)
+	require.ErrorIs(t, err, ownership.ErrUnavailable)
+	require.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond, "the whole budget was used")
+
+	l = newLocker()
+	held, err := l.Acquire(ctx, "k", 0)
+	require.NoError(t, err)
+	_, err = acquireWithin(ctx, l, "k", 0, 300*time.Millisecond, log)
+	require.ErrorIs(t, err, ownership.ErrAlreadyOwned)
+	require.NoError(t, held.Release(ctx))
 }
