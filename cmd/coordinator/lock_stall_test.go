@@ -73,7 +73,12 @@ func TestLockReturnsTheCommandsStatusWhenTheLeaseEndsAfterIt(t *testing.T) {
 			require.NoError(t, os.WriteFile(finish, nil, 0o644))
 			code, _, errs := p.wait(60 * time.Second)
 			require.Equal(t, 7, code, "the command's own status:\n%s", errs)
-			require.Contains(t, errs, "lock_lost_after_command", "the late loss is reported:\n%s", errs)
+			// Answered after the stall, the release finds the lock expired
+			// (lock_lost_after_command); or, when go-redis' resend needs a
+			// new connection that DEBUG SLEEP does not let it make in time,
+			// it times out (lock_release_failed). Either way it is a
+			// warning and the status is the command's.
+			require.Regexp(t, "lock_lost_after_command|lock_release_failed", errs, "the release's trouble is reported")
 		})
 	}
 }
@@ -101,8 +106,12 @@ func TestLockWaiterRetriesAnAcquisitionThatCameBackTooLate(t *testing.T) {
 	code, out, errs := b.wait(60 * time.Second)
 	require.Equal(t, 0, code, "B waits on within --wait and runs its command:\n%s%s", out, errs)
 	require.Equal(t, "free", strings.TrimSpace(out), "B's command ran while A's tree was alive")
-	require.Contains(t, errs, "lock_acquired_too_late", "B gave the late acquisition back")
 	require.NotContains(t, errs, "lock_lost_before_start")
+	// Which way the pause reached B depends on timing: its acquisition
+	// answered after the pause, too late to trust (given back), or timed
+	// out by go-redis during it (asked again). Both keep B waiting.
+	require.Regexp(t, "lock_acquired_too_late|lock_backend_unavailable_waiting", errs, "B met the pause")
+	t.Logf("B's log:\n%s", errs)
 
 	code, _, errs = a.wait(60 * time.Second)
 	require.Equal(t, job.ExitLost, code, "A's lease ran out during the pause:\n%s", errs)
