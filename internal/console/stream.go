@@ -100,7 +100,7 @@ func (c *Console) stream(w http.ResponseWriter, r *http.Request, s Session) {
 	if !write("retry: 3000\nevent: hello\ndata: %s\n\n", hello) {
 		return
 	}
-	ping := time.NewTicker(streamPing)
+	ping := time.NewTicker(c.cfg.streamCheck)
 	defer ping.Stop()
 	var progress <-chan time.Time
 	if wantProgress {
