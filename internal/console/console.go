@@ -24,6 +24,7 @@ package console
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -251,8 +252,9 @@ func (c *Console) session(stream bool, next handler) http.Handler {
 }
 
 // current is the request's session, if valid: the cookie names a stored,
-// unexpired session whose token still exists here; its scopes are those it
-// had at login that the token still has.
+// unexpired session whose token still exists here with the secret it was
+// opened with; its scopes are those it had at login that the token still
+// has.
 func (c *Console) current(r *http.Request) (Session, bool) {
 	ck, err := r.Cookie(CookieName)
 	if err != nil || ck.Value == "" || len(ck.Value) > 128 {
@@ -269,7 +271,10 @@ func (c *Console) current(r *http.Request) (Session, bool) {
 		return Session{}, false
 	}
 	scopes, ok := c.tokens.Scopes(s.Principal)
-	if !ok {
+	fp, _ := c.tokens.Fingerprint(s.Principal)
+	if !ok || !equalSecret(s.CSRF, sessionCSRF(fp, ck.Value)) {
+		// The token is gone, or was rotated since the login (its name
+		// stays, its secret changed): the session ends with it.
 		return Session{}, false
 	}
 	s.Read = s.Read && scopes.Has(adminauth.Read)
@@ -297,6 +302,18 @@ func sameOrigin(r *http.Request) bool {
 
 func equalSecret(a, b string) bool {
 	return len(a) > 0 && subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1
+}
+
+// sessionCSRF is a session's CSRF token: an HMAC of the session id keyed
+// by the fingerprint (SHA-256) of the token's secret. Nobody derives it
+// without the id, which only the HttpOnly cookie holds, and it binds the
+// session to the secret that opened it: current recomputes it with the
+// token's secret of now, so a rotated token (same name, new secret) ends
+// the sessions of the old one, on every replica that runs with the new.
+func sessionCSRF(tokenFingerprint [32]byte, id string) string {
+	m := hmac.New(sha256.New, tokenFingerprint[:])
+	m.Write([]byte("coordinator-console-session\x00" + id))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 
 func hashID(id string) []byte {
@@ -367,8 +384,9 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := randomToken()
+	fp, _ := c.tokens.Fingerprint(p.Name)
 	s := Session{IDHash: hashID(id), Principal: p.Name, Read: true, Mutate: p.Scopes.Has(adminauth.Mutate),
-		CSRF: randomToken(), Expires: c.cfg.Now().Add(c.cfg.SessionTTL)}
+		CSRF: sessionCSRF(fp, id), Expires: c.cfg.Now().Add(c.cfg.SessionTTL)}
 	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 	defer cancel()
 	if err := c.deps.Sessions.CreateSession(ctx, s); err != nil {

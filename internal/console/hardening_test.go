@@ -17,6 +17,7 @@ import (
 	"github.com/telco-platform/coordinator/internal/adminauth"
 	"github.com/telco-platform/coordinator/internal/console"
 	"github.com/telco-platform/coordinator/internal/ownership"
+	"github.com/telco-platform/coordinator/internal/testenv"
 )
 
 // replica is another console on the same database (another replica behind
@@ -61,6 +62,28 @@ func getWithCookie(t *testing.T, base, path string, ck *http.Cookie) (*http.Resp
 	var b bytes.Buffer
 	_, _ = b.ReadFrom(resp.Body)
 	return resp, b.String()
+}
+
+// A token rotated because it leaked keeps its name: the sessions opened
+// with the old secret must end with it, not live on for SessionTTL.
+func TestARotatedTokenEndsTheSessionsOpenedWithIt(t *testing.T) {
+	t.Parallel()
+	s := newSite(t)
+	c, _ := s.loggedIn(t, s.all)
+	ck := sessionCookieOf(t, s, c)
+
+	same := s.replica(t, []adminauth.Token{{Name: "ops", Scopes: adminauth.All, Secret: s.all}}, nil)
+	resp, body := getWithCookie(t, same.URL, "/ui/", ck)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "another replica with the same tokens knows the session")
+	require.Contains(t, body, "ops (read, mutate)")
+
+	rotated := s.replica(t, []adminauth.Token{{Name: "ops", Scopes: adminauth.All, Secret: testenv.AdminToken()}}, nil)
+	resp, body = getWithCookie(t, rotated.URL, "/ui/", ck)
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode, "a session of the old secret, after the rotation")
+	require.Equal(t, "/ui/login", resp.Header.Get("Location"))
+	require.NotContains(t, body, "replica-b")
+	resp, _ = getWithCookie(t, rotated.URL, "/ui/stream", ck)
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
 }
 
 // hostileLocks are locks whose keys and owners other writers chose (a
