@@ -86,6 +86,29 @@ func TestARotatedTokenEndsTheSessionsOpenedWithIt(t *testing.T) {
 	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
 }
 
+// The live tail's records come from whoever can write the events topic:
+// a CloudEvent spread over lines (valid JSON) must still be one SSE
+// message whose data is the event, never a torn frame or a second message.
+func TestAMultiLineEventIsOneStreamMessage(t *testing.T) {
+	t.Parallel()
+	s := newSite(t)
+	c, _ := s.loggedIn(t, s.read)
+	st := s.openStream(t, c, "")
+	name, _ := st.next(t)
+	require.Equal(t, "hello", name)
+	require.Eventually(t, func() bool { return s.tail.Subscribers() == 1 }, 10*time.Second, 10*time.Millisecond)
+	s.tail.Publish([]byte("{\"type\":\"ownership.acquired\",\r\n\n\"subject\":\"billrun:2026-01\",\n\"data\":{\"owner\":\"r1\"}\n}"))
+	s.tail.Publish([]byte(`{"type":"ownership.released","subject":"billrun:2026-01","data":{}}`))
+	for _, want := range []string{"ownership.acquired", "ownership.released"} {
+		name, data := st.next(t)
+		require.Equal(t, "ownership", name)
+		var ev struct{ Type, Subject string }
+		require.NoError(t, json.Unmarshal([]byte(data), &ev), "one message, the whole event: %q", data)
+		require.Equal(t, want, ev.Type)
+		require.Equal(t, "billrun:2026-01", ev.Subject)
+	}
+}
+
 // hostileLocks are locks whose keys and owners other writers chose (a
 // Redisson client of the same Redis, say).
 type hostileLocks struct{}
