@@ -257,4 +257,9 @@ func TestConsoleInABrowser(t *testing.T) {
 	streamStatus := get(t, tabA, 10*time.Second, chromedp.Evaluate[int](`fetch('/ui/stream').then(function(r){return r.status})`,
 		chromedp.EvalAwaitPromise))
 	require.Equal(t, http.StatusUnauthorized, streamStatus)
+	// The token typed into the login form is in no replica's log.
+	require.Contains(t, strings.Join(r1.logLines(), "\n"), `"msg":"console_login"`)
+	for _, r := range []*replica{r1, r2} {
+		require.NotContains(t, strings.Join(r.logLines(), "\n"), d.token)
+	}
 }
