@@ -142,6 +142,7 @@ func New(cfg Config, deps Deps) (*Console, error) {
 
 func (c *Console) routes() {
 	m := c.mux
+	m.Handle("GET /ui", http.RedirectHandler(Prefix, http.StatusMovedPermanently))
 	m.HandleFunc("GET /ui/login", c.loginForm)
 	m.HandleFunc("POST /ui/login", c.login)
 	m.HandleFunc("GET "+PathLoginCSS, c.serveStatic("console.css"))

@@ -305,3 +305,22 @@ func TestStreamsEndWithTheirClients(t *testing.T) {
 			"round %d: every stream ended with its client", round)
 	}
 }
+
+// /ui itself is sent to /ui/ (and a POST to it refused) with the security
+// headers of every answer.
+func TestUIWithoutItsSlashRedirectsWithTheHeaders(t *testing.T) {
+	t.Parallel()
+	s := newSite(t)
+	for _, m := range []string{http.MethodGet, http.MethodPost} {
+		req, err := http.NewRequest(m, s.srv.URL+"/ui", nil)
+		require.NoError(t, err)
+		resp, err := s.client(t).Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		if m == http.MethodGet {
+			require.Equal(t, http.StatusMovedPermanently, resp.StatusCode)
+			require.Equal(t, "/ui/", resp.Header.Get("Location"))
+		}
+		require.Equal(t, console.ContentSecurityPolicy, resp.Header.Get("Content-Security-Policy"), m)
+	}
+}
