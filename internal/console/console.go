@@ -99,7 +99,10 @@ type Console struct {
 	static fs.FS
 
 	streams atomic.Int64
-	metrics *metrics
+	// perSession counts each session's open streams (by its id's hash).
+	perSessionMu sync.Mutex
+	perSession   map[string]int
+	metrics      *metrics
 
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -135,7 +138,7 @@ func New(cfg Config, deps Deps) (*Console, error) {
 		return nil, err
 	}
 	c := &Console{cfg: cfg, deps: deps, tokens: tokens, mux: http.NewServeMux(), pages: pages, static: static, metrics: m,
-		closing: make(chan struct{})}
+		closing: make(chan struct{}), perSession: map[string]int{}}
 	c.routes()
 	return c, nil
 }

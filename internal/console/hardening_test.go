@@ -324,3 +324,22 @@ func TestUIWithoutItsSlashRedirectsWithTheHeaders(t *testing.T) {
 		require.Equal(t, console.ContentSecurityPolicy, resp.Header.Get("Content-Security-Policy"), m)
 	}
 }
+
+// One session (a script, a reload loop) cannot take every stream of the
+// replica: past its own bound it is refused, and other operators still
+// get theirs.
+func TestOneSessionCannotTakeEveryStream(t *testing.T) {
+	t.Parallel()
+	s := newSite(t, func(c *console.Config) { c.MaxStreams = console.MaxStreamsPerSession + 5 })
+	greedy, _ := s.loggedIn(t, s.read)
+	for range console.MaxStreamsPerSession {
+		s.openStream(t, greedy, "")
+	}
+	resp, _ := s.get(t, greedy, "/ui/stream")
+	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	require.NotEmpty(t, resp.Header.Get("Retry-After"))
+	other, _ := s.loggedIn(t, s.read)
+	st := s.openStream(t, other, "")
+	name, _ := st.next(t)
+	require.Equal(t, "hello", name)
+}
