@@ -343,3 +343,24 @@ func TestOneSessionCannotTakeEveryStream(t *testing.T) {
 	name, _ := st.next(t)
 	require.Equal(t, "hello", name)
 }
+
+// A session id planted before the login (fixation) is never adopted: the
+// login mints a new one, and the planted one opens nothing.
+func TestLoginNeverAdoptsAPlantedSessionID(t *testing.T) {
+	t.Parallel()
+	s := newSite(t)
+	c := s.client(t)
+	u, err := url.Parse(s.srv.URL + "/ui/")
+	require.NoError(t, err)
+	const planted = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+	c.Jar.SetCookies(u, []*http.Cookie{{Name: console.CookieName, Value: planted, Path: "/ui/"}})
+	resp, _ := s.login(t, c, s.all)
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	minted := sessionCookieOf(t, s, c)
+	require.NotEqual(t, planted, minted.Value)
+	require.Len(t, minted.Value, 43, "256 random bits, base64url")
+	resp, _ = getWithCookie(t, s.srv.URL, "/ui/", &http.Cookie{Name: console.CookieName, Value: planted})
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode, "the planted id is no session")
+	resp, _ = getWithCookie(t, s.srv.URL, "/ui/", minted)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+}
