@@ -439,7 +439,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		logins: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "coordinator_console_logins_total",
 			Help: "Console logins by result: ok, invalid_token, missing_scope, csrf."}, []string{"result"}),
 		refusal: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "coordinator_console_refusals_total",
-			Help: "Console requests refused with a session: csrf, cross_origin, missing_scope, token_in_url, too_many_streams."},
+			Help: "Console requests refused with a session: csrf, cross_origin, missing_scope, token_in_url, token_in_field, too_many_streams."},
 			[]string{"reason"}),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "coordinator_console_stream_events_dropped_total",
 			Help: "Live-tail events dropped for event streams whose reader fell behind its buffer."}),
@@ -447,7 +447,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{"ok", "invalid_token", "missing_scope", "csrf"} {
 		m.logins.WithLabelValues(r)
 	}
-	for _, r := range []string{"csrf", "cross_origin", "missing_scope", "token_in_url", "too_many_streams"} {
+	for _, r := range []string{"csrf", "cross_origin", "missing_scope", "token_in_url", "token_in_field", "too_many_streams"} {
 		m.refusal.WithLabelValues(r)
 	}
 	if reg != nil {

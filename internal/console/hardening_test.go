@@ -364,3 +364,21 @@ func TestLoginNeverAdoptsAPlantedSessionID(t *testing.T) {
 	resp, _ = getWithCookie(t, s.srv.URL, "/ui/", minted)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 }
+
+// A token pasted into the action's field by mistake is neither sent on
+// nor logged: the console's own log line would have been the one place
+// it leaked.
+func TestATokenPastedIntoTheActionIsNotLogged(t *testing.T) {
+	t.Parallel()
+	s := newSite(t)
+	ops, csrf := s.loggedIn(t, s.all)
+	for _, tok := range []string{s.all, s.read} {
+		resp, body := s.post(t, ops, "/ui/trigger", url.Values{"csrf": {csrf}, "period": {tok}})
+		require.Equal(t, http.StatusBadRequest, resp.StatusCode)
+		require.NotContains(t, body, tok)
+	}
+	require.Empty(t, s.trigger.Calls(), "not sent to the API")
+	logs := s.logs.String()
+	require.NotContains(t, logs, s.all)
+	require.NotContains(t, logs, s.read)
+}
