@@ -311,12 +311,12 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 				return nil, ownership.Unavailable(key, err)
 			}
 			switch {
-			case res.acquired && l.tooLate(sent, ttl):
+			case res.acquired && l.tooLate(res.sent, ttl):
 				// Trusted for too short a time, or not at all: give it back
 				// and ask again at once, with a new token (a resend of this
 				// acquisition still in flight finds no lock of its token).
 				q.setQueued(&l.wmu, false)
-				late = l.giveBack(key, token, res.fence, sent)
+				late = l.giveBack(key, token, res.fence, res.sent)
 				token = l.newToken()
 				w.fallback = 0
 			case res.acquired:
