@@ -11,9 +11,9 @@ import (
 // of one each per call. Nothing waits to gather calls: a call sent while
 // fewer than maxInflight pipelines of its target are in flight (and none
 // queued) goes at once, on the caller's goroutine, as before; calls that
-// arrive while they are full queue, and the next free pipeline takes all of
-// them. So one goroutine alone never waits for anyone, and many fill each
-// round trip.
+// arrive while they are full queue, and when a pipeline returns, the first
+// of them sends all of them (up to maxBatch) on its own goroutine. So one
+// goroutine alone never waits for anyone, and many fill each round trip.
 //
 // Every guarantee of a single call holds for a pipelined one: each script
 // is resend-safe on its own (a resent pipeline resends each of them); a
@@ -48,8 +48,11 @@ type entry struct {
 	calls []*call
 	t     target
 	need  int
-	done  chan struct{} // closed once the calls have their outcome
-	taken bool          // a pipeline has the calls (batcher.mu)
+	// wake (capacity 1) tells the caller that its calls have their outcome,
+	// or that it leads: batch (set before) is the pipeline it sends.
+	wake  chan struct{}
+	batch []*entry
+	taken bool // a pipeline has the calls (batcher.mu)
 }
 
 func (l *Locker) batcher(key string) *batcher {
@@ -73,6 +76,11 @@ func (l *Locker) batcher(key string) *batcher {
 // or when ctx ends while they still wait in the queue (then each has ctx's
 // error and none was sent). Once a pipeline carries them, submit waits for
 // it: their outcome, not ctx, says whether they ran.
+//
+// A queued caller may be woken to lead instead: it sends the pipeline of
+// the calls queued first (its own among them), wakes their callers, and
+// hands the slot on before it returns. So the calls of a pipeline wait for
+// no goroutine but the one whose calls went first.
 func (l *Locker) submit(ctx context.Context, t target, need int, calls []*call) {
 	b := l.batcher(t.key)
 	b.mu.Lock()
@@ -80,56 +88,71 @@ func (l *Locker) submit(ctx context.Context, t target, need int, calls []*call) 
 		b.inflight++
 		b.mu.Unlock()
 		l.send(ctx, t, need, calls)
-		l.next(b)
+		l.handOn(b)
 		return
 	}
-	e := &entry{calls: calls, t: t, need: need, done: make(chan struct{})}
+	e := &entry{calls: calls, t: t, need: need, wake: make(chan struct{}, 1)}
 	b.queue = append(b.queue, e)
 	b.queued += len(calls)
 	b.mu.Unlock()
 	select {
-	case <-e.done:
-		return
+	case <-e.wake:
 	case <-ctx.Done():
-	}
-	b.mu.Lock()
-	if !e.taken {
-		for i, x := range b.queue {
-			if x == e {
-				b.queue = append(b.queue[:i], b.queue[i+1:]...)
-				b.queued -= len(calls)
-				break
+		b.mu.Lock()
+		if !e.taken {
+			b.remove(e)
+			b.mu.Unlock()
+			for _, c := range calls {
+				c.err = ctx.Err()
 			}
+			return
 		}
 		b.mu.Unlock()
-		for _, c := range calls {
-			c.err = ctx.Err()
+		<-e.wake // taken: its outcome comes, or the lead
+	}
+	if e.batch != nil {
+		l.lead(b, e.batch)
+	}
+}
+
+func (b *batcher) remove(e *entry) {
+	for i, x := range b.queue {
+		if x == e {
+			b.queue = append(b.queue[:i], b.queue[i+1:]...)
+			b.queued -= len(e.calls)
+			return
 		}
-		return
 	}
-	b.mu.Unlock()
-	<-e.done
 }
 
-// next hands the pipeline slot of a finished send on: to a goroutine that
-// sends what queued meanwhile (the caller returns at once), or back.
-func (l *Locker) next(b *batcher) {
-	batch := b.take()
-	if batch == nil {
-		return
+// lead sends batch in one pipeline, wakes its other callers, and hands the
+// slot on. Its context is none of the callers': the go-redis timeouts bound
+// it, as they bound a call whose context has no deadline.
+func (l *Locker) lead(b *batcher, batch []*entry) {
+	var calls []*call
+	need := 0
+	for _, e := range batch {
+		calls = append(calls, e.calls...)
+		need = max(need, e.need)
 	}
-	l.flushes.Add(1)
-	go l.flush(b, batch)
+	// One target per batcher: the client itself, or one node's client
+	// (go-redis' or the Locker's own, both on that address).
+	l.send(context.Background(), batch[0].t, need, calls)
+	for _, e := range batch[1:] {
+		e.wake <- struct{}{}
+	}
+	l.handOn(b)
 }
 
-// take takes up to maxBatch calls' worth of the queue, or, with none
-// queued, gives the pipeline slot back (nil).
-func (b *batcher) take() []*entry {
+// handOn passes the pipeline slot of a finished send to the first caller
+// that queued meanwhile, with up to maxBatch calls' worth of the queue for
+// it to send, or gives the slot back when none queued.
+func (l *Locker) handOn(b *batcher) {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	if len(b.queue) == 0 {
 		b.inflight--
-		return nil
+		b.mu.Unlock()
+		return
 	}
 	n, calls := 0, 0
 	for n < len(b.queue) && (n == 0 || calls+len(b.queue[n].calls) <= maxBatch) {
@@ -140,27 +163,7 @@ func (b *batcher) take() []*entry {
 	batch := append([]*entry(nil), b.queue[:n]...)
 	b.queue = append(b.queue[:0], b.queue[n:]...)
 	b.queued -= calls
-	return batch
-}
-
-// flush sends batches from b's queue in one pipeline each until it is
-// empty. Its context is none of the callers': the go-redis timeouts bound
-// it, as they bound a call whose context has no deadline.
-func (l *Locker) flush(b *batcher, batch []*entry) {
-	defer l.flushes.Done()
-	for batch != nil {
-		var calls []*call
-		need := 0
-		for _, e := range batch {
-			calls = append(calls, e.calls...)
-			need = max(need, e.need)
-		}
-		// One target per batcher: the client itself, or one node's client
-		// (go-redis' or the Locker's own, both on that address).
-		l.send(context.Background(), batch[0].t, need, calls)
-		for _, e := range batch {
-			close(e.done)
-		}
-		batch = b.take()
-	}
+	b.mu.Unlock()
+	batch[0].batch = batch
+	batch[0].wake <- struct{}{}
 }

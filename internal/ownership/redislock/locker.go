@@ -140,11 +140,10 @@ type Locker struct {
 	srv   serverState
 	redir redirects
 	// batchers queue the calls per target while its pipelines are busy
-	// (coalesce.go); flushes counts the goroutines sending them.
+	// (coalesce.go).
 	direct   batcher // calls through the client itself
 	bmu      sync.Mutex
 	batchers map[string]*batcher // calls through a node's client, by "node <addr>"
-	flushes  sync.WaitGroup
 
 	pubsub *redis.PubSub
 	// rsubs: the Redisson unlock channels this Locker listens on while it
@@ -763,7 +762,6 @@ func (l *Locker) Close() error {
 	l.mu.Unlock()
 	l.closeRedissonSubs()
 	l.wg.Wait()
-	l.flushes.Wait()
 	l.closeRedirects()
 	return nil
 }
