@@ -15,6 +15,7 @@ import (
 	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/kafkaconn"
+	"github.com/telco-platform/coordinator/internal/replica"
 	"github.com/telco-platform/coordinator/internal/topics"
 )
 
@@ -95,7 +96,7 @@ func kafkaClient(cio cliIO, name string, cfg config.Config, opts ...kgo.Opt) (*k
 	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil || level < slog.LevelWarn {
 		lc.LogLevel = "warn"
 	}
-	sec, err := kafkaconn.Options(cfg, newLogger(lc, cio.stderr))
+	sec, err := kafkaconn.Options(replica.KafkaConn(cfg), newLogger(lc, cio.stderr))
 	if err != nil {
 		fmt.Fprintf(cio.stderr, "coordinator %s: %v\n", name, err)
 		return nil, job.ExitUsage

@@ -416,12 +416,20 @@ func (r *Replica) startEvents(ctx context.Context) error {
 // (event sink, topic admin, trigger consumer and its DLQ producer) dials
 // with them and logs franz-go's lines there.
 func (r *Replica) kafkaOpts(opts ...kgo.Opt) ([]kgo.Opt, error) {
-	sec, err := kafkaconn.Options(r.cfg, r.log)
+	sec, err := kafkaconn.Options(KafkaConn(r.cfg), r.log)
 	if err != nil {
 		return nil, failed(job.ExitUsage, err)
 	}
 	opts = append(slices.Clip(opts), sec...)
 	return append(opts, telemetry.KafkaMetrics(r.reg)...), nil
+}
+
+// KafkaConn maps the process's COORDINATOR_KAFKA_* transport settings onto
+// kafkaconn's: every Kafka client of the replica and of the CLI dials with
+// them.
+func KafkaConn(cfg config.Config) kafkaconn.Config {
+	return kafkaconn.Config{TLS: cfg.KafkaTLSEnabled(), TLSFiles: cfg.KafkaTLSFiles(),
+		SASLMechanism: cfg.KafkaSASLMechanism, SASLUsername: cfg.KafkaSASLUsername, SASLPassword: cfg.KafkaSASLPassword}
 }
 
 // startTopics creates the deployment's topics when allowed. Missing topics
@@ -579,7 +587,7 @@ func (r *Replica) logStarted() {
 		"version", r.rc.Version,
 		"http_addr", r.http.Addr().String(),
 		"kafka_brokers", strings.Join(cfg.KafkaBrokers, ","),
-		"kafka_transport", kafkaconn.Describe(cfg),
+		"kafka_transport", kafkaconn.Describe(KafkaConn(cfg)),
 		"kafka_group", cfg.KafkaGroup,
 		"kinds", strings.Join(r.rc.Kinds.Commands(), ","),
 		"trigger_topics", strings.Join(r.names.Triggers(), ","),
