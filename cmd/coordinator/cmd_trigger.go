@@ -48,7 +48,11 @@ func runTrigger(ctx context.Context, cio cliIO, args []string) int {
 		fmt.Fprintf(cio.stderr, "coordinator %s: kind %q has no Kafka trigger topic\n", name, spec.Name)
 		return job.ExitUsage
 	}
-	key, fields := k.Encode(c.params)
+	key, fields, err := k.Encode(c.params)
+	if err != nil {
+		fmt.Fprintf(cio.stderr, "coordinator %s: %v\n", name, err)
+		return job.ExitFailed
+	}
 	value := map[string]any{}
 	for f, v := range fields {
 		value[f] = v
@@ -57,7 +61,6 @@ func runTrigger(ctx context.Context, cio cliIO, args []string) int {
 	value["requested_by"] = cmp.Or(*requestedBy, "cli:"+cmp.Or(cio.getenv("USER"), "unknown"))
 	names := topics.New(cfg.KafkaTopicPrefix, reg.Topics()...)
 	rec := &kgo.Record{Topic: names.Topic(spec.Topic), Key: key}
-	var err error
 	if rec.Value, err = json.Marshal(value); err != nil {
 		fmt.Fprintf(cio.stderr, "coordinator %s: encode: %v\n", name, err)
 		return job.ExitFailed

@@ -43,7 +43,7 @@ func kafkaCLI(t *testing.T) (map[string]string, topics.Names) {
 	t.Helper()
 	k := testenv.Kafka(t)
 	env := map[string]string{"COORDINATOR_KAFKA_BROKERS": strings.Join(k.Brokers, ","), "COORDINATOR_KAFKA_TOPIC_PREFIX": k.Suffix}
-	reg, err := kinds.Registry()
+	reg, err := kinds.Config{}.Registry()
 	require.NoError(t, err)
 	names := topics.New(k.Suffix, reg.Topics()...)
 	t.Cleanup(func() {
@@ -69,7 +69,7 @@ func TestTriggerBadPeriodExits64(t *testing.T) {
 	code = dispatch(context.Background(), cliIO{stdout: &out, stderr: &errb, getenv: func(string) string { return "" }},
 		[]string{"trigger", "billrun"})
 	require.Equal(t, job.ExitUsage, code)
-	require.Contains(t, errb.String(), "--period is required")
+	require.Contains(t, errb.String(), "rejected (missing_period): period is required")
 	require.Empty(t, out.String())
 }
 

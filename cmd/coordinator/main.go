@@ -207,6 +207,9 @@ func parseConfig(cio cliIO, fs *flag.FlagSet, args []string) (config.Config, []s
 		return config.Config{}, nil, job.ExitUsage // fs already printed the error
 	}
 	cfg, err := b.Config()
+	if err == nil {
+		err = checkLockSettings(cfg) // the Redis URL is go-redis' to read
+	}
 	if err != nil {
 		fmt.Fprintf(cio.stderr, "%s: %v\n", fs.Name(), err)
 		return config.Config{}, nil, job.ExitUsage

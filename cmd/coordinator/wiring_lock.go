@@ -13,6 +13,7 @@ import (
 	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/ownership"
 	"github.com/telco-platform/coordinator/internal/ownership/redislock"
+	"github.com/telco-platform/coordinator/internal/redact"
 )
 
 // openLocker builds the process's one Locker from the configuration:
@@ -71,6 +72,29 @@ func lockerWait(d time.Duration) time.Duration {
 		return time.Nanosecond
 	}
 	return d
+}
+
+// checkLockSettings parses COORDINATOR_LOCK_REDIS_URL with go-redis, by
+// COORDINATOR_LOCK_REDIS_MODE, as the lock will: a URL it refuses, or one
+// carrying a password while COORDINATOR_LOCK_REDIS_PASSWORD_FILE is set,
+// stops the command at start naming the variable (exit 64), like every
+// setting internal/config checks. The configuration itself imports no
+// Redis client.
+func checkLockSettings(cfg config.Config) error {
+	urlErr := func(err error) error {
+		return &config.Error{Variable: "COORDINATOR_LOCK_REDIS_URL", Flag: "lock-redis-url", Value: redact.URL(cfg.LockRedisURL), Err: err}
+	}
+	opts, err := redislock.ParseOptions(cfg.LockRedisURL, cfg.LockRedisMode)
+	if err != nil {
+		return urlErr(err)
+	}
+	if cfg.LockRedisPassword != "" && opts.Password != "" {
+		return urlErr(errors.New("carries a password and COORDINATOR_LOCK_REDIS_PASSWORD_FILE is set: keep the password in one place"))
+	}
+	if cfg.LockRedisTLSFiles().Any() && opts.TLSConfig == nil {
+		return urlErr(errors.New("the COORDINATOR_LOCK_REDIS_TLS_* files need a rediss:// URL"))
+	}
+	return nil
 }
 
 // redisOptions are the go-redis options of the lock backend: the URL

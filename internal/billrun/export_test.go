@@ -6,6 +6,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/telco-platform/coordinator/internal/owned"
 )
 
 // WithBeforeBatch sets the test seam that runs before each batch
@@ -32,4 +35,9 @@ func CountToPlan(ctx context.Context, db interface {
 	var n int64
 	err := db.QueryRow(ctx, sqlCountToPlan, p.String(), start, end, cutoff, fence).Scan(&n)
 	return n, err
+}
+
+// Incomplete is what the Worker lists for the resumer.
+func Incomplete(ctx context.Context, pool *pgxpool.Pool) ([]owned.Incomplete[Request], error) {
+	return (&Worker{pool: pool}).Incomplete(ctx)
 }

@@ -15,10 +15,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/robfig/cron/v3"
-
 	"github.com/telco-platform/coordinator/internal/adminauth"
-	"github.com/telco-platform/coordinator/internal/ownership/redislock"
+	"github.com/telco-platform/coordinator/internal/cronspec"
 	"github.com/telco-platform/coordinator/internal/redact"
 	"github.com/telco-platform/coordinator/internal/tlsfiles"
 )
@@ -115,8 +113,9 @@ type Config struct {
 	// ReaperBatchSize is rows freed per transaction. Default 1000.
 	ReaperBatchSize int
 	// ReaperMinHold keeps the sweep lock at least this long (ShedLock's
-	// lockAtLeastFor). Default: half the schedule interval for @every specs, else 0.
-	ReaperMinHold time.Duration
+	// lockAtLeastFor). Nil: the reaper's default (msisdnreaper.DefaultMinHold:
+	// half the schedule interval for @every specs, else 0).
+	ReaperMinHold *time.Duration
 
 	// CronCatchUpWindow: on start, each schedule's most recent tick that
 	// fell within this window before the start is run once (a tick missed
@@ -172,8 +171,13 @@ type setting struct {
 	env   string
 	flag  string
 	usage string
-	def   func(getenv func(string) string) string
-	apply func(c *Config, v string) error
+	// def is the value when neither the variable, its file, its flag nor
+	// its fallback is set.
+	def string
+	// fallback names a variable read when this one is unset, before def
+	// (DATABASE_URL, REDIS_URL).
+	fallback string
+	apply    func(c *Config, v string) error
 	// secret says how the value is shown in errors: not at all (opaque)
 	// or with its password hidden (url).
 	secret secrecy
@@ -219,30 +223,70 @@ func refusePasswordOnCommandLine(env string) func(string) error {
 	}
 }
 
-func lit(s string) func(func(string) string) string {
-	return func(func(string) string) string { return s }
-}
-
-func fallback(env, def string) func(func(string) string) string {
-	return func(getenv func(string) string) string {
-		if v := getenv(env); v != "" {
+// defaultOf is s's value when neither its variable, file nor flag is set:
+// its fallback variable, else its default.
+func (s setting) defaultOf(getenv func(string) string) string {
+	if s.fallback != "" {
+		if v := getenv(s.fallback); v != "" {
 			return v
 		}
-		return def
 	}
+	return s.def
+}
+
+// Setting is one setting as -h and docs/configuration.md show it.
+type Setting struct {
+	// Env is its variable, Flag its flag (without dashes).
+	Env, Flag string
+	// Usage says what it is.
+	Usage string
+	// Default is its value when nothing sets it ("" for none: the
+	// component's own default, or off).
+	Default string
+	// Fallback is a variable read before Default (DATABASE_URL).
+	Fallback string
+	// File is the variable naming a file that holds the value.
+	File string
+}
+
+// Settings are every setting, in the order of -h.
+func Settings() []Setting {
+	var out []Setting
+	for _, s := range settings() {
+		out = append(out, Setting{Env: s.env, Flag: s.flag, Usage: s.usage, Default: s.def, Fallback: s.fallback, File: s.file})
+	}
+	return out
+}
+
+// Variables are every environment variable the configuration reads: each
+// setting's, its *_FILE variable, and the fallbacks (DATABASE_URL,
+// REDIS_URL), in the settings' order. `coordinator lock` keeps them out of
+// its child's environment.
+func Variables() []string {
+	var out []string
+	for _, s := range settings() {
+		out = append(out, s.env)
+		if s.file != "" {
+			out = append(out, s.file)
+		}
+		if s.fallback != "" {
+			out = append(out, s.fallback)
+		}
+	}
+	return out
 }
 
 func settings() []setting {
 	return []setting{
-		{env: "COORDINATOR_DATABASE_URL", flag: "database-url", usage: "Postgres DSN", def: fallback("DATABASE_URL", ""),
+		{env: "COORDINATOR_DATABASE_URL", flag: "database-url", usage: "Postgres DSN", fallback: "DATABASE_URL",
 			apply: func(c *Config, v string) error { c.DatabaseURL = v; return checkPostgresURL(v) }, secret: secretURL,
 			file: "COORDINATOR_DATABASE_URL_FILE", cmdline: refusePasswordOnCommandLine("COORDINATOR_DATABASE_URL")},
-		{env: "COORDINATOR_LOCK_ENABLED", flag: "lock-enabled", usage: "false = single-replica mode with the in-memory locker", def: lit("true"),
+		{env: "COORDINATOR_LOCK_ENABLED", flag: "lock-enabled", usage: "false = single-replica mode with the in-memory locker", def: "true",
 			apply: func(c *Config, v string) (err error) { c.LockEnabled, err = strconv.ParseBool(v); return err }},
-		{env: "COORDINATOR_LOCK_REDIS_URL", flag: "lock-redis-url", usage: "redis:// or rediss:// URL of the lock backend (go-redis format)", def: fallback("REDIS_URL", "redis://127.0.0.1:6379/0"),
+		{env: "COORDINATOR_LOCK_REDIS_URL", flag: "lock-redis-url", usage: "redis:// or rediss:// URL of the lock backend (go-redis format)", fallback: "REDIS_URL", def: "redis://127.0.0.1:6379/0",
 			apply: func(c *Config, v string) error { c.LockRedisURL = v; return checkRedisURL(v) }, secret: secretURL,
 			file: "COORDINATOR_LOCK_REDIS_URL_FILE", cmdline: refusePasswordOnCommandLine("COORDINATOR_LOCK_REDIS_URL")},
-		{env: "COORDINATOR_LOCK_REDIS_PASSWORD_FILE", flag: "lock-redis-password-file", usage: "file holding the Redis password (when the URL has none)", def: lit(""),
+		{env: "COORDINATOR_LOCK_REDIS_PASSWORD_FILE", flag: "lock-redis-password-file", usage: "file holding the Redis password (when the URL has none)", def: "",
 			apply: func(c *Config, v string) (err error) {
 				if v == "" {
 					return nil
@@ -250,26 +294,26 @@ func settings() []setting {
 				c.LockRedisPassword, err = readSecretFile(v)
 				return err
 			}},
-		{env: "COORDINATOR_LOCK_REDIS_TLS_CA_FILE", flag: "lock-redis-tls-ca-file", usage: "PEM CA bundle verifying the Redis server (rediss://; default system roots)", def: lit(""),
+		{env: "COORDINATOR_LOCK_REDIS_TLS_CA_FILE", flag: "lock-redis-tls-ca-file", usage: "PEM CA bundle verifying the Redis server (rediss://; default system roots)", def: "",
 			apply: func(c *Config, v string) error { c.LockRedisTLSCAFile = v; return nil }},
-		{env: "COORDINATOR_LOCK_REDIS_TLS_CERT_FILE", flag: "lock-redis-tls-cert-file", usage: "PEM client certificate for Redis (with the key file)", def: lit(""),
+		{env: "COORDINATOR_LOCK_REDIS_TLS_CERT_FILE", flag: "lock-redis-tls-cert-file", usage: "PEM client certificate for Redis (with the key file)", def: "",
 			apply: func(c *Config, v string) error { c.LockRedisTLSCertFile = v; return nil }},
-		{env: "COORDINATOR_LOCK_REDIS_TLS_KEY_FILE", flag: "lock-redis-tls-key-file", usage: "PEM private key of the Redis client certificate", def: lit(""),
+		{env: "COORDINATOR_LOCK_REDIS_TLS_KEY_FILE", flag: "lock-redis-tls-key-file", usage: "PEM private key of the Redis client certificate", def: "",
 			apply: func(c *Config, v string) error { c.LockRedisTLSKeyFile = v; return nil }},
-		{env: "COORDINATOR_LOCK_REDIS_MODE", flag: "lock-redis-mode", usage: "single, sentinel or cluster", def: lit("single"),
+		{env: "COORDINATOR_LOCK_REDIS_MODE", flag: "lock-redis-mode", usage: "single, sentinel or cluster", def: "single",
 			apply: func(c *Config, v string) error { c.LockRedisMode = v; return oneOf(v, "single", "sentinel", "cluster") }},
-		{env: "COORDINATOR_LOCK_KEY_PREFIX", flag: "lock-key-prefix", usage: "prefix of every Redis key", def: lit("coordinator"),
+		{env: "COORDINATOR_LOCK_KEY_PREFIX", flag: "lock-key-prefix", usage: "prefix of every Redis key", def: "coordinator",
 			apply: func(c *Config, v string) error { c.LockKeyPrefix = v; return checkPrefix(v) }},
-		{env: "COORDINATOR_LOCK_WAIT_TIME", flag: "lock-wait-time", usage: "max time to block acquiring", def: lit("5s"),
+		{env: "COORDINATOR_LOCK_WAIT_TIME", flag: "lock-wait-time", usage: "max time to block acquiring", def: "5s",
 			apply: func(c *Config, v string) (err error) { c.LockWaitTime, err = duration(v, 0); return err }},
-		{env: "COORDINATOR_LOCK_WATCHDOG_TIMEOUT", flag: "lock-watchdog-timeout", usage: "TTL of watchdog-managed leases", def: lit("30s"),
+		{env: "COORDINATOR_LOCK_WATCHDOG_TIMEOUT", flag: "lock-watchdog-timeout", usage: "TTL of watchdog-managed leases", def: "30s",
 			apply: func(c *Config, v string) (err error) {
 				c.LockWatchdogTimeout, err = duration(v, 300*time.Millisecond)
 				return err
 			}},
-		{env: "COORDINATOR_LOCK_REDIS_WAIT_REPLICAS", flag: "lock-redis-wait-replicas", usage: "replicas that must acknowledge an acquisition or renewal (WAIT): auto, none or a count", def: lit("auto"),
+		{env: "COORDINATOR_LOCK_REDIS_WAIT_REPLICAS", flag: "lock-redis-wait-replicas", usage: "replicas that must acknowledge an acquisition or renewal (WAIT): auto, none or a count", def: "auto",
 			apply: func(c *Config, v string) (err error) { c.LockWaitReplicas, err = waitReplicas(v); return err }},
-		{env: "COORDINATOR_LOCK_REDIS_WAIT_TIMEOUT", flag: "lock-redis-wait-timeout", usage: "bound of each WAIT for replicas", def: lit("200ms"),
+		{env: "COORDINATOR_LOCK_REDIS_WAIT_TIMEOUT", flag: "lock-redis-wait-timeout", usage: "bound of each WAIT for replicas", def: "200ms",
 			apply: func(c *Config, v string) (err error) {
 				c.LockWaitReplicasTimeout, err = duration(v, time.Millisecond)
 				if err == nil && c.LockWaitReplicasTimeout > time.Second {
@@ -277,13 +321,13 @@ func settings() []setting {
 				}
 				return err
 			}},
-		{env: "COORDINATOR_KAFKA_BROKERS", flag: "kafka-brokers", usage: "comma-separated seed brokers", def: lit("127.0.0.1:9092"),
+		{env: "COORDINATOR_KAFKA_BROKERS", flag: "kafka-brokers", usage: "comma-separated seed brokers", def: "127.0.0.1:9092",
 			apply: func(c *Config, v string) error { c.KafkaBrokers = splitList(v); return checkBrokers(c.KafkaBrokers) }},
-		{env: "COORDINATOR_KAFKA_CREATE_TOPICS", flag: "kafka-create-topics", usage: "create missing contract topics at start", def: lit("true"),
+		{env: "COORDINATOR_KAFKA_CREATE_TOPICS", flag: "kafka-create-topics", usage: "create missing contract topics at start", def: "true",
 			apply: func(c *Config, v string) (err error) { c.KafkaCreateTopics, err = strconv.ParseBool(v); return err }},
-		{env: "COORDINATOR_KAFKA_GROUP", flag: "kafka-group", usage: "consumer group of the trigger consumer", def: lit("coordinator"),
+		{env: "COORDINATOR_KAFKA_GROUP", flag: "kafka-group", usage: "consumer group of the trigger consumer", def: "coordinator",
 			apply: func(c *Config, v string) error { c.KafkaGroup = v; return checkName(v) }},
-		{env: "COORDINATOR_KAFKA_SESSION_TIMEOUT", flag: "kafka-session-timeout", usage: "session timeout of the trigger consumer group (a dead replica's partitions move after it)", def: lit("45s"),
+		{env: "COORDINATOR_KAFKA_SESSION_TIMEOUT", flag: "kafka-session-timeout", usage: "session timeout of the trigger consumer group (a dead replica's partitions move after it)", def: "45s",
 			apply: func(c *Config, v string) (err error) {
 				c.KafkaSessionTimeout, err = duration(v, time.Second)
 				if err == nil && c.KafkaSessionTimeout > 30*time.Minute {
@@ -291,7 +335,7 @@ func settings() []setting {
 				}
 				return err
 			}},
-		{env: "COORDINATOR_KAFKA_TOPIC_PREFIX", flag: "kafka-topic-prefix", usage: "prefix of every contract topic (isolates tests and tenants)", def: lit(""),
+		{env: "COORDINATOR_KAFKA_TOPIC_PREFIX", flag: "kafka-topic-prefix", usage: "prefix of every contract topic (isolates tests and tenants)", def: "",
 			apply: func(c *Config, v string) error {
 				c.KafkaTopicPrefix = v
 				if v == "" {
@@ -299,7 +343,7 @@ func settings() []setting {
 				}
 				return checkName(v)
 			}},
-		{env: "COORDINATOR_KAFKA_TLS", flag: "kafka-tls", usage: "dial the brokers over TLS (default true when a Kafka TLS file is set)", def: lit(""),
+		{env: "COORDINATOR_KAFKA_TLS", flag: "kafka-tls", usage: "dial the brokers over TLS (default true when a Kafka TLS file is set)", def: "",
 			apply: func(c *Config, v string) (err error) {
 				if v == "" {
 					return nil
@@ -308,18 +352,18 @@ func settings() []setting {
 				c.KafkaTLS, err = strconv.ParseBool(v)
 				return err
 			}},
-		{env: "COORDINATOR_KAFKA_TLS_CA_FILE", flag: "kafka-tls-ca-file", usage: "PEM CA bundle verifying the brokers (default system roots)", def: lit(""),
+		{env: "COORDINATOR_KAFKA_TLS_CA_FILE", flag: "kafka-tls-ca-file", usage: "PEM CA bundle verifying the brokers (default system roots)", def: "",
 			apply: func(c *Config, v string) error { c.KafkaTLSCAFile = v; return nil }},
-		{env: "COORDINATOR_KAFKA_TLS_CERT_FILE", flag: "kafka-tls-cert-file", usage: "PEM client certificate for the brokers (with the key file)", def: lit(""),
+		{env: "COORDINATOR_KAFKA_TLS_CERT_FILE", flag: "kafka-tls-cert-file", usage: "PEM client certificate for the brokers (with the key file)", def: "",
 			apply: func(c *Config, v string) error { c.KafkaTLSCertFile = v; return nil }},
-		{env: "COORDINATOR_KAFKA_TLS_KEY_FILE", flag: "kafka-tls-key-file", usage: "PEM private key of the Kafka client certificate", def: lit(""),
+		{env: "COORDINATOR_KAFKA_TLS_KEY_FILE", flag: "kafka-tls-key-file", usage: "PEM private key of the Kafka client certificate", def: "",
 			apply: func(c *Config, v string) error { c.KafkaTLSKeyFile = v; return nil }},
-		{env: "COORDINATOR_KAFKA_MAX_DECOMPRESSED_BATCH_BYTES", flag: "kafka-max-decompressed-batch-bytes", usage: "bound on what one fetched trigger batch may decompress to; a batch over it is skipped to the DLQ (batch_too_large)", def: lit("8388608"),
+		{env: "COORDINATOR_KAFKA_MAX_DECOMPRESSED_BATCH_BYTES", flag: "kafka-max-decompressed-batch-bytes", usage: "bound on what one fetched trigger batch may decompress to; a batch over it is skipped to the DLQ (batch_too_large)", def: "8388608",
 			apply: func(c *Config, v string) (err error) {
 				c.KafkaMaxDecompressedBatchBytes, err = intBetween(v, 1<<20, 256<<20)
 				return err
 			}},
-		{env: "COORDINATOR_KAFKA_SASL_MECHANISM", flag: "kafka-sasl-mechanism", usage: "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (empty: no SASL)", def: lit(""),
+		{env: "COORDINATOR_KAFKA_SASL_MECHANISM", flag: "kafka-sasl-mechanism", usage: "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (empty: no SASL)", def: "",
 			apply: func(c *Config, v string) error {
 				c.KafkaSASLMechanism = strings.ToUpper(v)
 				if v == "" {
@@ -327,19 +371,19 @@ func settings() []setting {
 				}
 				return oneOf(c.KafkaSASLMechanism, SASLPlain, SASLScramSHA256, SASLScramSHA512)
 			}},
-		{env: "COORDINATOR_KAFKA_SASL_USERNAME", flag: "kafka-sasl-username", usage: "SASL user name", def: lit(""),
+		{env: "COORDINATOR_KAFKA_SASL_USERNAME", flag: "kafka-sasl-username", usage: "SASL user name", def: "",
 			apply: func(c *Config, v string) error { c.KafkaSASLUsername = v; return nil }},
-		{env: "COORDINATOR_KAFKA_SASL_PASSWORD", flag: "kafka-sasl-password", usage: "SASL password; refused as a flag", def: lit(""),
+		{env: "COORDINATOR_KAFKA_SASL_PASSWORD", flag: "kafka-sasl-password", usage: "SASL password; refused as a flag", def: "",
 			apply: func(c *Config, v string) error { c.KafkaSASLPassword = v; return nil }, secret: secretOpaque,
 			file: "COORDINATOR_KAFKA_SASL_PASSWORD_FILE", cmdline: refuseOnCommandLine("COORDINATOR_KAFKA_SASL_PASSWORD")},
-		{env: "COORDINATOR_REPLICA_ID", flag: "replica-id", usage: "owner id shown in events and locks (default hostname-pid)", def: lit(""),
+		{env: "COORDINATOR_REPLICA_ID", flag: "replica-id", usage: "owner id shown in events and locks (default hostname-pid)", def: "",
 			apply: func(c *Config, v string) error { c.ReplicaID = v; return checkReplicaID(v) }},
-		{env: "COORDINATOR_HTTP_ADDR", flag: "http-addr", usage: "admin API, health and metrics listener", def: lit(":8080"),
+		{env: "COORDINATOR_HTTP_ADDR", flag: "http-addr", usage: "admin API, health and metrics listener", def: ":8080",
 			apply: func(c *Config, v string) error { c.HTTPAddr = v; return checkAddr(v) }},
-		{env: "COORDINATOR_ADMIN_TOKEN", flag: "admin-token", usage: "bearer token for /v1/*, at least 32 bytes (unset = 403); refused as a flag", def: lit(""),
+		{env: "COORDINATOR_ADMIN_TOKEN", flag: "admin-token", usage: "bearer token for /v1/*, at least 32 bytes (unset = 403); refused as a flag", def: "",
 			apply: func(c *Config, v string) error { c.AdminToken = v; return checkAdminToken(v) }, secret: secretOpaque,
 			file: "COORDINATOR_ADMIN_TOKEN_FILE", cmdline: refuseOnCommandLine("COORDINATOR_ADMIN_TOKEN")},
-		{env: "COORDINATOR_ADMIN_TOKENS_FILE", flag: "admin-tokens-file", usage: "file of name:scopes:token lines: named admin tokens with read and/or mutate scopes", def: lit(""),
+		{env: "COORDINATOR_ADMIN_TOKENS_FILE", flag: "admin-tokens-file", usage: "file of name:scopes:token lines: named admin tokens with read and/or mutate scopes", def: "",
 			apply: func(c *Config, v string) error {
 				if v == "" {
 					return nil
@@ -351,32 +395,32 @@ func settings() []setting {
 				c.AdminTokens, err = adminauth.ParseFile(content)
 				return err
 			}},
-		{env: "COORDINATOR_MAX_RUNS_IN_FLIGHT", flag: "max-runs-in-flight", usage: "runs in flight on this replica (any trigger) at which POST /v1/* answers 429", def: lit("8"),
+		{env: "COORDINATOR_MAX_RUNS_IN_FLIGHT", flag: "max-runs-in-flight", usage: "runs in flight on this replica (any trigger) at which POST /v1/* answers 429", def: "8",
 			apply: func(c *Config, v string) (err error) { c.MaxRunsInFlight, err = positiveInt(v, 1024); return err }},
-		{env: "COORDINATOR_HEALTH_CHECK_INTERVAL", flag: "health-check-interval", usage: "how often the dependencies are checked in the background (/v1/health)", def: lit("10s"),
+		{env: "COORDINATOR_HEALTH_CHECK_INTERVAL", flag: "health-check-interval", usage: "how often the dependencies are checked in the background (/v1/health)", def: "10s",
 			apply: func(c *Config, v string) (err error) {
 				c.HealthCheckInterval, err = duration(v, 100*time.Millisecond)
 				return err
 			}},
-		{env: "COORDINATOR_REAPER_SCHEDULE", flag: "reaper-schedule", usage: "robfig/cron spec of the MSISDN reaper; empty disables", def: lit("@every 30s"),
+		{env: "COORDINATOR_REAPER_SCHEDULE", flag: "reaper-schedule", usage: "robfig/cron spec of the MSISDN reaper; empty disables", def: "@every 30s",
 			apply: func(c *Config, v string) error { c.ReaperSchedule = v; return checkSchedule(v) }},
-		{env: "COORDINATOR_REAPER_LEASE", flag: "reaper-lease", usage: "explicit lease of one sweep", def: lit("20s"),
+		{env: "COORDINATOR_REAPER_LEASE", flag: "reaper-lease", usage: "explicit lease of one sweep", def: "20s",
 			apply: func(c *Config, v string) (err error) {
 				c.ReaperLease, err = duration(v, 100*time.Millisecond)
 				return err
 			}},
-		{env: "COORDINATOR_REAPER_BATCH_SIZE", flag: "reaper-batch-size", usage: "reservations freed per transaction", def: lit("1000"),
+		{env: "COORDINATOR_REAPER_BATCH_SIZE", flag: "reaper-batch-size", usage: "reservations freed per transaction", def: "1000",
 			apply: func(c *Config, v string) (err error) { c.ReaperBatchSize, err = positiveInt(v, 100000); return err }},
-		{env: "COORDINATOR_REAPER_MIN_HOLD", flag: "reaper-min-hold", usage: "minimum time a sweep keeps its lock (default half the @every interval)", def: lit(""),
-			apply: func(c *Config, v string) (err error) {
+		{env: "COORDINATOR_REAPER_MIN_HOLD", flag: "reaper-min-hold", usage: "minimum time a sweep keeps its lock (default half the @every interval)", def: "",
+			apply: func(c *Config, v string) error {
 				if v == "" {
-					c.ReaperMinHold = defaultMinHold(c.ReaperSchedule)
 					return nil
 				}
-				c.ReaperMinHold, err = duration(v, 0)
+				d, err := duration(v, 0)
+				c.ReaperMinHold = &d
 				return err
 			}},
-		{env: "COORDINATOR_CRON_CATCHUP_WINDOW", flag: "cron-catchup-window", usage: "on start, run each schedule's latest tick missed within this window (0 disables)", def: lit("6h"),
+		{env: "COORDINATOR_CRON_CATCHUP_WINDOW", flag: "cron-catchup-window", usage: "on start, run each schedule's latest tick missed within this window (0 disables)", def: "6h",
 			apply: func(c *Config, v string) (err error) {
 				c.CronCatchUpWindow, err = duration(v, 0)
 				if err == nil && c.CronCatchUpWindow > 31*24*time.Hour {
@@ -384,7 +428,7 @@ func settings() []setting {
 				}
 				return err
 			}},
-		{env: "COORDINATOR_CRON_JITTER", flag: "cron-jitter", usage: "random delay in [0, jitter) before each cron tick (0 disables)", def: lit("0s"),
+		{env: "COORDINATOR_CRON_JITTER", flag: "cron-jitter", usage: "random delay in [0, jitter) before each cron tick (0 disables)", def: "0s",
 			apply: func(c *Config, v string) (err error) {
 				c.CronJitter, err = duration(v, 0)
 				if err == nil && c.CronJitter > 10*time.Minute {
@@ -392,17 +436,17 @@ func settings() []setting {
 				}
 				return err
 			}},
-		{env: "COORDINATOR_BILLRUN_SCHEDULE", flag: "billrun-schedule", usage: "cron spec that bills the previous month; empty disables", def: lit(""),
+		{env: "COORDINATOR_BILLRUN_SCHEDULE", flag: "billrun-schedule", usage: "cron spec that bills the previous month; empty disables", def: "",
 			apply: func(c *Config, v string) error { c.BillrunSchedule = v; return checkSchedule(v) }},
-		{env: "COORDINATOR_BILLRUN_BATCH_SIZE", flag: "billrun-batch-size", usage: "subscribers per batch (one statement)", def: lit("2500"),
+		{env: "COORDINATOR_BILLRUN_BATCH_SIZE", flag: "billrun-batch-size", usage: "subscribers per batch (one statement)", def: "2500",
 			apply: func(c *Config, v string) (err error) { c.BillrunBatchSize, err = positiveInt(v, 100000); return err }},
-		{env: "COORDINATOR_BILLRUN_WORKERS", flag: "billrun-workers", usage: "concurrent batch transactions", def: lit("4"),
+		{env: "COORDINATOR_BILLRUN_WORKERS", flag: "billrun-workers", usage: "concurrent batch transactions", def: "4",
 			apply: func(c *Config, v string) (err error) { c.BillrunWorkers, err = positiveInt(v, 256); return err }},
-		{env: "COORDINATOR_BILLING_TZ", flag: "billing-tz", usage: "IANA time zone billing months start and end in (at midnight)", def: lit("UTC"),
+		{env: "COORDINATOR_BILLING_TZ", flag: "billing-tz", usage: "IANA time zone billing months start and end in (at midnight)", def: "UTC",
 			apply: func(c *Config, v string) (err error) { c.BillingZone, err = zone(v); return err }},
-		{env: "COORDINATOR_BILLRUN_MAX_AGE_MONTHS", flag: "billrun-max-age-months", usage: "months back a period may be billed without --force", def: lit("24"),
+		{env: "COORDINATOR_BILLRUN_MAX_AGE_MONTHS", flag: "billrun-max-age-months", usage: "months back a period may be billed without --force", def: "24",
 			apply: func(c *Config, v string) (err error) { c.BillrunMaxAgeMonths, err = positiveInt(v, 12000); return err }},
-		{env: "COORDINATOR_RESUME_INTERVAL", flag: "resume-interval", usage: "how often the resumer looks for accepted runs that did not complete", def: lit("15s"),
+		{env: "COORDINATOR_RESUME_INTERVAL", flag: "resume-interval", usage: "how often the resumer looks for accepted runs that did not complete", def: "15s",
 			apply: func(c *Config, v string) (err error) {
 				c.ResumeInterval, err = duration(v, 100*time.Millisecond)
 				if err == nil && c.ResumeInterval > time.Hour {
@@ -410,9 +454,9 @@ func settings() []setting {
 				}
 				return err
 			}},
-		{env: "COORDINATOR_RESUME_MAX_ATTEMPTS", flag: "resume-max-attempts", usage: "resume attempts of one run before it is permanent and pages", def: lit("10"),
+		{env: "COORDINATOR_RESUME_MAX_ATTEMPTS", flag: "resume-max-attempts", usage: "resume attempts of one run before it is permanent and pages", def: "10",
 			apply: func(c *Config, v string) (err error) { c.ResumeMaxAttempts, err = positiveInt(v, 1000); return err }},
-		{env: "COORDINATOR_EVENTS_REPUBLISH_AFTER", flag: "events-republish-after", usage: "how long a completed bill run's run.completed may stay unacknowledged by Kafka before the resumers publish it again (same id)", def: lit("2m"),
+		{env: "COORDINATOR_EVENTS_REPUBLISH_AFTER", flag: "events-republish-after", usage: "how long a completed bill run's run.completed may stay unacknowledged by Kafka before the resumers publish it again (same id)", def: "2m",
 			apply: func(c *Config, v string) (err error) {
 				c.EventsRepublishAfter, err = duration(v, time.Second)
 				if err == nil && c.EventsRepublishAfter > 24*time.Hour {
@@ -420,16 +464,16 @@ func settings() []setting {
 				}
 				return err
 			}},
-		{env: "COORDINATOR_PROGRESS_INTERVAL", flag: "progress-interval", usage: "how often a run in flight logs its progress (<job>_progress)", def: lit("10s"),
+		{env: "COORDINATOR_PROGRESS_INTERVAL", flag: "progress-interval", usage: "how often a run in flight logs its progress (<job>_progress)", def: "10s",
 			apply: func(c *Config, v string) (err error) {
 				c.ProgressInterval, err = duration(v, 100*time.Millisecond)
 				return err
 			}},
-		{env: "COORDINATOR_SHUTDOWN_TIMEOUT", flag: "shutdown-timeout", usage: "bound on graceful shutdown", def: lit("30s"),
+		{env: "COORDINATOR_SHUTDOWN_TIMEOUT", flag: "shutdown-timeout", usage: "bound on graceful shutdown", def: "30s",
 			apply: func(c *Config, v string) (err error) { c.ShutdownTimeout, err = duration(v, time.Second); return err }},
-		{env: "COORDINATOR_LOG_LEVEL", flag: "log-level", usage: "debug, info, warn or error", def: lit("info"),
+		{env: "COORDINATOR_LOG_LEVEL", flag: "log-level", usage: "debug, info, warn or error", def: "info",
 			apply: func(c *Config, v string) error { c.LogLevel = v; return oneOf(v, "debug", "info", "warn", "error") }},
-		{env: "COORDINATOR_LOG_FORMAT", flag: "log-format", usage: "text or json", def: lit("text"),
+		{env: "COORDINATOR_LOG_FORMAT", flag: "log-format", usage: "text or json", def: "text",
 			apply: func(c *Config, v string) error { c.LogFormat = v; return oneOf(v, "text", "json") }},
 	}
 }
@@ -469,7 +513,7 @@ func Bind(fs *flag.FlagSet, getenv func(string) string) *Binding {
 		typ := cmpOr(flagTypes[s.flag], "string")
 		v := &flagValue{bool: typ == "bool"}
 		if s.secret == public {
-			v.raw = s.def(getenv)
+			v.raw = s.defaultOf(getenv)
 		}
 		// A back-quoted type is what -h shows after the flag's name; a bool
 		// flag takes no argument, so it shows none.
@@ -562,7 +606,7 @@ func (b *Binding) Config() (Config, error) {
 			}
 		}
 		if v == "" && !fromFlag && fromFile == "" {
-			v = s.def(b.getenv)
+			v = s.defaultOf(b.getenv)
 		}
 		if err := s.apply(&c, v); err != nil {
 			shown := s.show(v)
@@ -652,23 +696,18 @@ func (c Config) AdminTokenSet() []adminauth.Token {
 	return append(out, c.AdminTokens...)
 }
 
+// validateRedis checks what needs no Redis client: the TLS files load, and
+// they come with a rediss:// URL. The URL itself is go-redis' to parse, at
+// the edge (cmd/coordinator's lock wiring), which reports its errors as
+// *Error too.
 func (c Config) validateRedis() error {
-	urlErr := func(err error) error {
-		return &Error{Variable: "COORDINATOR_LOCK_REDIS_URL", Flag: "lock-redis-url", Value: redact.URL(c.LockRedisURL), Err: err}
-	}
-	opts, err := redislock.ParseOptions(c.LockRedisURL, c.LockRedisMode)
-	if err != nil {
-		return urlErr(err)
-	}
-	if c.LockRedisPassword != "" && opts.Password != "" {
-		return urlErr(errors.New("carries a password and COORDINATOR_LOCK_REDIS_PASSWORD_FILE is set: keep the password in one place"))
-	}
 	files := c.LockRedisTLSFiles()
 	if !files.Any() {
 		return nil
 	}
-	if opts.TLSConfig == nil {
-		return urlErr(errors.New("the COORDINATOR_LOCK_REDIS_TLS_* files need a rediss:// URL"))
+	if !strings.HasPrefix(c.LockRedisURL, "rediss://") {
+		return &Error{Variable: "COORDINATOR_LOCK_REDIS_URL", Flag: "lock-redis-url", Value: redact.URL(c.LockRedisURL),
+			Err: errors.New("the COORDINATOR_LOCK_REDIS_TLS_* files need a rediss:// URL")}
 	}
 	return checkTLSFiles(files)
 }
@@ -938,10 +977,6 @@ func checkAddr(v string) error {
 	return nil
 }
 
-// CronParser accepts an optional seconds field, descriptors (@every 30s,
-// @hourly) and CRON_TZ=/TZ= prefixes.
-var CronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
-
 // zone loads an IANA time zone name ("Europe/Berlin", "UTC"). "Local"
 // and the empty name are refused: billing must not depend on the host.
 func zone(v string) (*time.Location, error) {
@@ -959,20 +994,8 @@ func checkSchedule(v string) error {
 	if v == "" {
 		return nil
 	}
-	if _, err := CronParser.Parse(v); err != nil {
+	if _, err := cronspec.Parse(v); err != nil {
 		return fmt.Errorf("not a cron spec: %v", err)
 	}
 	return nil
-}
-
-func defaultMinHold(schedule string) time.Duration {
-	const every = "@every "
-	if !strings.HasPrefix(schedule, every) {
-		return 0
-	}
-	d, err := time.ParseDuration(strings.TrimPrefix(schedule, every))
-	if err != nil {
-		return 0
-	}
-	return d / 2
 }

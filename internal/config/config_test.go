@@ -12,6 +12,7 @@ import (
 
 	"github.com/telco-platform/coordinator/internal/adminauth"
 	"github.com/telco-platform/coordinator/internal/config"
+	"github.com/telco-platform/coordinator/internal/cronspec"
 	"github.com/telco-platform/coordinator/internal/testenv"
 )
 
@@ -31,7 +32,7 @@ func TestDefaults(t *testing.T) {
 	require.True(t, c.KafkaCreateTopics)
 	require.Equal(t, ":8080", c.HTTPAddr)
 	require.Equal(t, "@every 30s", c.ReaperSchedule)
-	require.Equal(t, 15*time.Second, c.ReaperMinHold, "half the @every interval")
+	require.Nil(t, c.ReaperMinHold, "the reaper's default (half the @every interval)")
 	require.Empty(t, c.BillrunSchedule)
 	require.Equal(t, "UTC", c.BillingZone.String())
 	require.Equal(t, 24, c.BillrunMaxAgeMonths)
@@ -121,7 +122,7 @@ func TestSecretsAreRedacted(t *testing.T) {
 func TestCronSpecsAcceptSecondsAndTZ(t *testing.T) {
 	t.Parallel()
 	for _, spec := range []string{"@every 30s", "*/10 * * * * *", "0 2 1 * *", "CRON_TZ=Europe/Berlin 0 2 1 * *"} {
-		_, err := config.CronParser.Parse(spec)
+		_, err := cronspec.Parse(spec)
 		require.NoError(t, err, spec)
 	}
 }
@@ -336,36 +337,17 @@ func TestKafkaSecuritySettings(t *testing.T) {
 	}
 }
 
-func TestRedisURLsInGoRedisFormats(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct{ url, mode string }{
-		{"redis://127.0.0.1:6379/0", "single"},
-		{"rediss://coordinator@cache.internal:6380/2?dial_timeout=2s", "single"},
-		{"redis://s1:26379/0?master_name=locks&addr=s2:26379&addr=s3:26379", "sentinel"},
-		{"redis://n1:7000?addr=n2:7000&addr=n3:7000", "cluster"},
-	} {
-		_, _, err := config.Load("serve", nil, env(map[string]string{"COORDINATOR_LOCK_REDIS_URL": tc.url, "COORDINATOR_LOCK_REDIS_MODE": tc.mode}))
-		require.NoError(t, err, tc.url)
-	}
-	// The old private format's comma list is refused with a pointer to the new one.
-	_, _, err := config.Load("serve", nil, env(map[string]string{"COORDINATOR_LOCK_REDIS_URL": "redis://:pw@a:1,b:2/0?master_name=m", "COORDINATOR_LOCK_REDIS_MODE": "sentinel"}))
-	require.ErrorContains(t, err, "?addr=")
-	require.ErrorContains(t, err, "COORDINATOR_LOCK_REDIS_URL")
-}
-
 // The shapes of secret that used to be echoed: a DSN whose password holds a
 // '%' or '#' (url.Parse fails and quoted the whole DSN), a sentinel password,
-// an unknown option's value.
+// an unknown option's value. (The Redis URL's, which go-redis parses, are
+// cmd/coordinator's TestLockURLSecretsNeverEchoed.)
 func TestSecretsNeverEchoed(t *testing.T) {
 	t.Parallel()
 	for _, e := range []map[string]string{
 		{"COORDINATOR_DATABASE_URL": "postgres://app:Hunter2%zz@db/x"},
 		{"COORDINATOR_DATABASE_URL": "postgres://app:Hunter2#x@db/x"},
 		{"COORDINATOR_DATABASE_URL": "mysql://app:Hunter2@db/x"},
-		{"COORDINATOR_LOCK_REDIS_URL": "redis://:Hunter2%zz@r:6379/0"},
-		{"COORDINATOR_LOCK_REDIS_URL": "redis://s:6379/0?master_name=m&password=Hunter2&bogus=1", "COORDINATOR_LOCK_REDIS_MODE": "sentinel"},
-		{"COORDINATOR_LOCK_REDIS_URL": "redis://:s3nt@s:6379/0?master_name=m&frobnicate=Hunter2", "COORDINATOR_LOCK_REDIS_MODE": "sentinel"},
-		{"COORDINATOR_LOCK_REDIS_URL": "redis://r:6379/0?dial_timeout=Hunter2"},
+		{"COORDINATOR_LOCK_REDIS_URL": "http://:Hunter2@r:6379/0"},
 	} {
 		_, _, err := config.Load("serve", nil, env(e))
 		require.Error(t, err, "%v", e)

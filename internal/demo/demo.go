@@ -176,7 +176,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	cleanups = append(cleanups, func() { rd.stop(os.Interrupt, 10*time.Second) })
 	step("redis      %s (%s, pid %d)", strings.TrimPrefix(redisURL, "redis://"), cfg.Binaries.RedisServer, rd.cmd.Process.Pid)
 
-	reg, err := kinds.Registry()
+	reg, err := kinds.Config{}.Registry() // the kinds' topics
 	if err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
@@ -243,7 +243,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			return fmt.Errorf("demo: replica config: %w", cerr)
 		}
 		// Each replica opens its own kinds (their Workers hold its pool).
-		rkinds, err := kinds.Registry()
+		rkinds, err := kinds.Registry(rcfg)
 		if err != nil {
 			return fmt.Errorf("demo: %w", err)
 		}

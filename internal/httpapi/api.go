@@ -2,7 +2,7 @@
 // dependency health, Prometheus metrics, list held locks, and for every
 // registered kind of owned run with an HTTP path (owned.Spec.HTTPPath):
 // POST to start a run, and GET {path}/{id} for a kind with run ids
-// (owned.StatusKind).
+// (owned.Def.StatusID).
 //
 // Three questions, three endpoints, none of which does I/O per request:
 //
@@ -239,7 +239,7 @@ func (a *API) routes() {
 		}
 		m.Handle("POST "+path, a.auth(adminauth.Mutate, a.postRun(k)))
 		allowed[path] = "POST"
-		if _, ok := k.(owned.StatusKind); ok {
+		if k.HasStatus() {
 			m.Handle("GET "+path+"/{id}", a.auth(adminauth.Read, a.getStatus(k)))
 			allowed[path+"/{id}"] = "GET, HEAD"
 		}
@@ -561,8 +561,8 @@ func (a *API) postRun(k owned.Kind) http.HandlerFunc {
 			return
 		}
 		acc := Accepted{Result: res, Status: "started"}
-		if sk, ok := k.(owned.StatusKind); ok {
-			acc.StatusURL = spec.HTTPPath + "/" + url.PathEscape(sk.StatusID(req.Params))
+		if id, ok := k.StatusID(req.Params); ok {
+			acc.StatusURL = spec.HTTPPath + "/" + url.PathEscape(id)
 			w.Header().Set("Location", acc.StatusURL)
 		}
 		writeJSON(w, http.StatusAccepted, acc)

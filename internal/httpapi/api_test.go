@@ -75,7 +75,7 @@ func (f *fakeDispatcher) Start(_ context.Context, k owned.Kind, p owned.Params, 
 	if f.err != nil {
 		return job.Result{Outcome: f.errOutcome}, false, f.err
 	}
-	period := k.(owned.StatusKind).StatusID(p)
+	period, _ := k.StatusID(p)
 	res := job.Result{Job: k.Spec().Name, Key: k.LockKey(p), Replica: "r1", RequestID: t.RequestID}
 	o, ok := f.outcomes[period]
 	if !ok {

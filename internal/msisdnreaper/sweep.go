@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 
+	"github.com/telco-platform/coordinator/internal/cronspec"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
 	"github.com/telco-platform/coordinator/internal/ownership"
@@ -40,10 +41,13 @@ const (
 	DefaultWorkers = 2
 )
 
-// Config configures the sweep. Zero fields take the deployment's
-// configuration where it has the setting (COORDINATOR_REAPER_*), else the
-// defaults named here.
+// Config configures the sweep kind. Zero fields take the defaults named
+// here; internal/kinds maps the process's configuration (the
+// COORDINATOR_REAPER_* variables) onto it.
 type Config struct {
+	// Schedule is the robfig/cron spec every replica sweeps on
+	// (COORDINATOR_REAPER_SCHEDULE). Empty: not scheduled.
+	Schedule string
 	// Lease is the explicit lease of one sweep: the lock hard-expires after
 	// it (or a little after MinHold, if longer) and no batch starts after
 	// Lease - SafetyMargin. Default 20s.
@@ -59,17 +63,16 @@ type Config struct {
 	// replicas whose ticks are skewed by less than MinHold do not sweep in
 	// turn. The run then returns at once and the template deletes the lock
 	// by timer at acquired + MinHold (or it expires, if the process ends
-	// first).
-	// Default 0 (release at once); COORDINATOR_REAPER_MIN_HOLD defaults to
-	// half the schedule interval.
+	// first). Zero: DefaultMinHold(Schedule), half the interval of an
+	// @every schedule, else none. Negative: none (release at once).
 	MinHold time.Duration
 	// SafetyMargin is kept free at the end of the lease: no batch starts
 	// after acquired + Lease - SafetyMargin. It must cover one batch and the
 	// clock drift between this process and Redis. Default Lease/10.
 	SafetyMargin time.Duration
-	// Logger receives one line per owned sweep. Default: discard.
+	// Logger receives one line per owned sweep. Default: Deps.Log.
 	Logger *slog.Logger
-	// Metrics may be nil.
+	// Metrics may be nil. Default: new ones on Deps.Registerer.
 	Metrics *Metrics
 
 	// scan forces the batch statement (benchmark comparisons only): "" lets
@@ -79,13 +82,32 @@ type Config struct {
 	scan string
 }
 
+// Limits of Config's fields (and of their COORDINATOR_REAPER_* variables).
+const (
+	MaxBatchSize = 100_000
+	MaxWorkers   = 64
+)
+
+// DefaultMinHold is Config.MinHold's default for schedule: half the
+// interval of an @every schedule (replicas' ticks of one interval then
+// fall within one hold), else none.
+func DefaultMinHold(schedule string) time.Duration {
+	if d, ok := cronspec.Every(schedule); ok {
+		return d / 2
+	}
+	return 0
+}
+
 func (c Config) withDefaults() Config {
 	c.Lease = cmp.Or(c.Lease, DefaultLease)
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
 	c.Workers = cmp.Or(c.Workers, DefaultWorkers)
 	c.SafetyMargin = cmp.Or(c.SafetyMargin, c.Lease/10)
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
+	switch {
+	case c.MinHold == 0:
+		c.MinHold = DefaultMinHold(c.Schedule)
+	case c.MinHold < 0:
+		c.MinHold = 0
 	}
 	return c
 }
@@ -97,81 +119,73 @@ func (c Config) Validate() error {
 	switch {
 	case c.Lease < 0:
 		return fmt.Errorf("msisdnreaper: Config.Lease = %s: must be positive", c.Lease)
-	case c.BatchSize < 1 || c.BatchSize > 100_000:
-		return fmt.Errorf("msisdnreaper: Config.BatchSize = %d: must be 1..100000", c.BatchSize)
-	case c.Workers < 1 || c.Workers > 64:
-		return fmt.Errorf("msisdnreaper: Config.Workers = %d: must be 1..64", c.Workers)
-	case c.MinHold < 0:
-		return fmt.Errorf("msisdnreaper: Config.MinHold = %s: must not be negative", c.MinHold)
+	case c.BatchSize < 1 || c.BatchSize > MaxBatchSize:
+		return fmt.Errorf("msisdnreaper: Config.BatchSize = %d: must be 1..%d", c.BatchSize, MaxBatchSize)
+	case c.Workers < 1 || c.Workers > MaxWorkers:
+		return fmt.Errorf("msisdnreaper: Config.Workers = %d: must be 1..%d", c.Workers, MaxWorkers)
 	case c.SafetyMargin < 0 || c.SafetyMargin >= c.Lease:
 		return fmt.Errorf("msisdnreaper: Config.SafetyMargin = %s: must be in [0, Lease=%s)", c.SafetyMargin, c.Lease)
+	}
+	if c.Schedule != "" {
+		if _, err := cronspec.Parse(c.Schedule); err != nil {
+			return fmt.Errorf("msisdnreaper: Config.Schedule = %q: %w", c.Schedule, err)
+		}
 	}
 	return nil
 }
 
-// SweepKind is the reaper's kind of owned run: `coordinator run reaper`,
-// subscription.msisdn-reaper.requested, POST /v1/msisdn-reaper/sweeps
-// (synchronous), and COORDINATOR_REAPER_SCHEDULE on every replica.
-type SweepKind struct {
-	cfg Config
-}
-
-// NewSweepKind returns the sweep kind; zero fields of cfg are filled at
-// Open (see Config).
-func NewSweepKind(cfg Config) *SweepKind { return &SweepKind{cfg: cfg} }
-
-var (
-	_ owned.Kind        = (*SweepKind)(nil)
-	_ owned.RecordKeyed = (*SweepKind)(nil)
-)
-
 // sweepParams are a sweep's: nothing but the CLI's --workers override.
 type sweepParams struct {
-	workers int
+	Workers int `json:"workers,omitempty"`
 }
 
-func (*SweepKind) Spec() owned.Spec {
-	return owned.Spec{Name: JobName, Command: "reaper", Summary: "free expired MSISDN reservations in batches",
-		Usage: "[--workers N]", Topic: SweepTopic, HTTPPath: "/v1/msisdn-reaper/sweeps"}
+// NewSweepKind returns the reaper's kind of owned run: `coordinator run
+// reaper`, subscription.msisdn-reaper.requested, POST
+// /v1/msisdn-reaper/sweeps (synchronous), and Config.Schedule on every
+// replica. Zero fields of cfg take the defaults named on Config.
+func NewSweepKind(cfg Config) owned.Kind {
+	return owned.Define(owned.Def[sweepParams]{
+		Spec: owned.Spec{Name: JobName, Command: "reaper", Summary: "free expired MSISDN reservations in batches",
+			Usage: "[--workers N]", Topic: SweepTopic, HTTPPath: "/v1/msisdn-reaper/sweeps"},
+		Decode: decodeSweep,
+		Encode: func(sweepParams) ([]byte, map[string]any) { return nil, map[string]any{} },
+		Flags: func(fs *flag.FlagSet) func([]string) (map[string]any, error) {
+			workers := fs.Int("workers", DefaultWorkers, fmt.Sprintf("concurrent batch transactions (1..%d)", MaxWorkers))
+			return func(args []string) (map[string]any, error) {
+				if len(args) > 0 {
+					return nil, job.BadInput("unexpected arguments %q", args)
+				}
+				return map[string]any{"workers": *workers}, nil
+			}
+		},
+		LockKey: func(sweepParams) string { return SweepKey },
+		// Every sweep record asks for the one sweep.
+		RecordLockKey: func([]byte) (string, bool) { return SweepKey, true },
+		Open:          func(d owned.Deps) (owned.Worker[sweepParams], error) { return openSweeper(cfg, d) },
+	})
 }
 
-// Decode accepts an object with no fields of its own (request_id and
-// requested_by are the transport's); an HTTP body may be empty.
-func (*SweepKind) Decode(in owned.Input) (owned.Params, error) {
-	var none struct{}
-	if err := in.Decode(&none); err != nil {
-		return nil, err
+// decodeSweep accepts an object with no fields of its own (request_id and
+// requested_by are the transport's; an HTTP body may be empty). The CLI's
+// --workers is the one field, and only the CLI's: a trigger from Kafka or
+// HTTP has none.
+func decodeSweep(in owned.Input) (sweepParams, error) {
+	var p sweepParams
+	if in.Source != job.SourceCLI {
+		var none struct{}
+		return p, in.Decode(&none)
 	}
-	return sweepParams{}, nil
-}
-
-func (*SweepKind) Encode(owned.Params) ([]byte, map[string]any) { return nil, map[string]any{} }
-
-// Flags: --workers, this run's concurrent batch transactions.
-func (*SweepKind) Flags(fs *flag.FlagSet) func([]string) (owned.Params, error) {
-	workers := fs.Int("workers", DefaultWorkers, "concurrent batch transactions (1..64)")
-	return func(args []string) (owned.Params, error) {
-		if len(args) > 0 {
-			return nil, job.BadInput("unexpected arguments %q", args)
-		}
-		if *workers < 1 || *workers > 64 {
-			return nil, job.BadInput("--workers = %d: must be 1..64", *workers)
-		}
-		return sweepParams{workers: *workers}, nil
+	if err := in.Decode(&p); err != nil {
+		return p, err
 	}
+	if p.Workers < 1 || p.Workers > MaxWorkers {
+		return p, owned.Reject("bad_workers", "--workers = %d: must be 1..%d", p.Workers, MaxWorkers)
+	}
+	return p, nil
 }
 
-func (*SweepKind) LockKey(owned.Params) string { return SweepKey }
-
-// LockKeyOfRecord: every sweep record asks for the one sweep.
-func (*SweepKind) LockKeyOfRecord([]byte) (string, bool) { return SweepKey, true }
-
-// Open checks the configuration (an error names the field and value).
-func (k *SweepKind) Open(d owned.Deps) (owned.Worker, error) {
-	cfg := k.cfg
-	cfg.Lease = cmp.Or(cfg.Lease, d.Config.ReaperLease)
-	cfg.BatchSize = cmp.Or(cfg.BatchSize, d.Config.ReaperBatchSize)
-	cfg.MinHold = cmp.Or(cfg.MinHold, d.Config.ReaperMinHold)
+// openSweeper checks the configuration (an error names the field and value).
+func openSweeper(cfg Config, d owned.Deps) (owned.Worker[sweepParams], error) {
 	if cfg.Logger == nil {
 		cfg.Logger = d.Log
 	}
@@ -179,9 +193,9 @@ func (k *SweepKind) Open(d owned.Deps) (owned.Worker, error) {
 		cfg.Metrics = NewMetrics(d.Registerer)
 	}
 	if err := cfg.Validate(); err != nil {
-		return nil, err
+		return owned.Worker[sweepParams]{}, err
 	}
-	s := &Sweeper{db: d.DB, cfg: cfg.withDefaults(), schedule: d.Config.ReaperSchedule}
+	s := &Sweeper{db: d.DB, cfg: cfg.withDefaults()}
 	switch cfg.scan {
 	case "expiry":
 		s.sql = sqlSweepBatch
@@ -192,7 +206,16 @@ func (k *SweepKind) Open(d owned.Deps) (owned.Worker, error) {
 	case "ordered":
 		s.sql = sqlSweepBatchOrdered
 	}
-	return s, nil
+	return owned.Worker[sweepParams]{
+		Run: s.Run,
+		// Explicit (Config.Lease) with the minimum hold (Config.MinHold).
+		Lease:    func(sweepParams) owned.Lease { return owned.Lease{TTL: s.cfg.Lease, MinHold: s.cfg.MinHold} },
+		Schedule: s.cfg.Schedule,
+		// A tick has no parameters.
+		Tick: func(time.Time) (sweepParams, error) { return sweepParams{}, nil },
+		// coordinator_reaper_sweeps_total.
+		Observe: func(res job.Result) { s.cfg.Metrics.sweep(string(res.Outcome)) },
+	}, nil
 }
 
 // Sweeper frees stale reservations while the template holds SweepKey.
@@ -201,29 +224,8 @@ type Sweeper struct {
 	db  *pgxpool.Pool
 	cfg Config
 	// sql forces the batch statement (benchmarks); "": each sweep chooses.
-	sql      string
-	schedule string
+	sql string
 }
-
-var (
-	_ owned.Leaser    = (*Sweeper)(nil)
-	_ owned.Scheduler = (*Sweeper)(nil)
-	_ owned.Observer  = (*Sweeper)(nil)
-)
-
-// Lease is explicit (Config.Lease) with the minimum hold (Config.MinHold).
-func (s *Sweeper) Lease(owned.Params) owned.Lease {
-	return owned.Lease{TTL: s.cfg.Lease, MinHold: s.cfg.MinHold}
-}
-
-// Schedule is COORDINATOR_REAPER_SCHEDULE.
-func (s *Sweeper) Schedule() string { return s.schedule }
-
-// Tick sweeps; a tick has no parameters.
-func (s *Sweeper) Tick(time.Time) (owned.Params, error) { return sweepParams{}, nil }
-
-// Observe feeds coordinator_reaper_sweeps_total.
-func (s *Sweeper) Observe(res job.Result) { s.cfg.Metrics.sweep(string(res.Outcome)) }
 
 // sqlSweepBatch frees up to $1 stale reservations after the cursor
 // ($2 reserved_until, $3 msisdn) in one statement (its own transaction) and
@@ -340,11 +342,8 @@ const (
 // "deadline_reached" is 1 then, and the next tick frees the rest; data
 // "stopped" says which); a lost lease or shutdown is lost with that
 // reason; a failed batch fails the sweep.
-func (s *Sweeper) Run(ctx context.Context, run *owned.Run, p owned.Params) (owned.Report, error) {
-	workers := s.cfg.Workers
-	if w := p.(sweepParams).workers; w > 0 {
-		workers = w
-	}
+func (s *Sweeper) Run(ctx context.Context, run *owned.Run, p sweepParams) (owned.Report, error) {
+	workers := cmp.Or(p.Workers, s.cfg.Workers)
 	// The lock's TTL started before Acquire returned; lease.Done() closes at
 	// the adapter's own conservative deadline (request sent + TTL - margin),
 	// and SafetyMargin keeps the last batch well inside it.

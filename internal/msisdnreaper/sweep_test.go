@@ -198,14 +198,31 @@ func TestSweepRejectsInvalidConfig(t *testing.T) {
 		{Config{Workers: -1}, "Workers = -1"},
 		{Config{BatchSize: 100_001}, "BatchSize = 100001"},
 		{Config{Lease: time.Second, SafetyMargin: time.Second}, "SafetyMargin = 1s"},
-		{Config{MinHold: -time.Second}, "MinHold = -1s"},
+		{Config{Schedule: "@every banana"}, `Schedule = "@every banana"`},
 	} {
 		require.ErrorContains(t, tc.cfg.Validate(), tc.want)
 		// The config is checked when the kind is opened, before anything runs.
-		_, err := NewSweepKind(tc.cfg).Open(owned.Deps{})
-		require.ErrorContains(t, err, tc.want)
+		require.ErrorContains(t, owned.CheckOpen(NewSweepKind(tc.cfg), owned.Deps{}), tc.want)
 	}
 	require.NoError(t, Config{}.Validate())
+}
+
+// MinHold's default is half an @every schedule's interval; a negative
+// MinHold is none, whatever the schedule (COORDINATOR_REAPER_MIN_HOLD=0s).
+func TestMinHoldDefaultsFromTheSchedule(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		cfg  Config
+		want time.Duration
+	}{
+		{Config{}, 0},
+		{Config{Schedule: "@every 30s"}, 15 * time.Second},
+		{Config{Schedule: "0 * * * *"}, 0},
+		{Config{Schedule: "@every 30s", MinHold: -1}, 0},
+		{Config{Schedule: "@every 30s", MinHold: time.Second}, time.Second},
+	} {
+		require.Equal(t, tc.want, tc.cfg.withDefaults().MinHold, "%+v", tc.cfg)
+	}
 }
 
 // Both walks clear the swept reservation's token with its hold (the walk

@@ -1,6 +1,7 @@
 package owned
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -27,7 +28,7 @@ import (
 // Safe for concurrent use. One per process.
 type Runner struct {
 	reg     *Registry
-	workers map[string]Worker
+	workers map[string]*worker
 	locker  ownership.Locker
 	emit    events.Emitter
 	replica string
@@ -40,54 +41,54 @@ type Runner struct {
 	requests *requests // nil: no database, nothing recorded for the resumer
 }
 
-// NewRunner configures (Configurer) and opens every registered kind with d
-// (nothing is contacted) and returns the template that runs them. The
-// replica id is d.Config.ReplicaID, else the Locker's owner. emit may be
-// nil.
-func NewRunner(reg *Registry, d Deps, emit events.Emitter) (*Runner, error) {
-	if reg == nil || d.Locker == nil {
+// RunnerConfig configures the template of one process.
+type RunnerConfig struct {
+	// Deps are what every kind's Open gets; Deps.Locker is required.
+	Deps
+	// Replica is the id written into results and events
+	// (COORDINATOR_REPLICA_ID). Default: the Locker's owner.
+	Replica string
+	// Emit gets every event. Default: none.
+	Emit events.Emitter
+	// Tracer traces runs (the template's spans and the kinds'). Nil:
+	// tracing off.
+	Tracer trace.Tracer
+	// Progress shows runs' progress. Default ProgressLog(ProgressInterval).
+	Progress ProgressReporter
+	// ProgressInterval is how often ProgressLog logs a run in flight
+	// (COORDINATOR_PROGRESS_INTERVAL). Default DefaultProgressInterval.
+	ProgressInterval time.Duration
+}
+
+// NewRunner opens every registered kind with cfg.Deps (nothing is
+// contacted) and returns the template that runs them.
+func NewRunner(reg *Registry, cfg RunnerConfig) (*Runner, error) {
+	if reg == nil || cfg.Locker == nil {
 		return nil, errors.New("owned: NewRunner needs a Registry and a Locker")
 	}
-	if emit == nil {
-		emit = events.Multi{}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	if d.Log == nil {
-		d.Log = slog.New(slog.DiscardHandler)
+	if cfg.Emit == nil {
+		cfg.Emit = events.Multi{}
 	}
-	r := &Runner{reg: reg, workers: map[string]Worker{}, locker: d.Locker, emit: emit, log: d.Log,
-		replica: d.Config.ReplicaID, progress: d.Progress}
-	if d.Telemetry.Enabled() {
-		r.tracer = d.Telemetry.Tracer(TracerName)
-	}
+	r := &Runner{reg: reg, workers: map[string]*worker{}, locker: cfg.Locker, emit: cfg.Emit,
+		log: cfg.Log, replica: cmp.Or(cfg.Replica, cfg.Locker.Owner()), progress: cfg.Progress, tracer: cfg.Tracer}
 	if r.progress == nil {
-		interval := d.Config.ProgressInterval
-		if interval == 0 {
-			interval = DefaultProgressInterval
-		}
-		r.progress = ProgressLog(interval)
+		r.progress = ProgressLog(cmp.Or(cfg.ProgressInterval, DefaultProgressInterval))
 	}
-	if r.replica == "" {
-		r.replica = d.Locker.Owner()
-	}
-	reg.Configure(d.Config)
-	if d.DB != nil {
-		r.requests = &requests{pool: d.DB}
+	if cfg.DB != nil {
+		r.requests = &requests{pool: cfg.DB}
 	}
 	for _, k := range reg.Kinds() {
-		name := k.Spec().Name
-		w, err := k.Open(d)
+		w, err := k.open(cfg.Deps)
 		if err != nil {
-			return nil, fmt.Errorf("owned: open kind %q: %w", name, err)
+			return nil, fmt.Errorf("owned: open kind %q: %w", k.Spec().Name, err)
 		}
-		if _, ok := k.(StatusKind); ok {
-			if _, ok := w.(StatusReader); !ok {
-				return nil, fmt.Errorf("owned: kind %q has run ids (StatusKind) but its Worker is no StatusReader", name)
-			}
-		}
-		r.workers[name] = w
+		r.workers[k.Spec().Name] = w
 	}
 	var err error
-	if r.m, err = newMetrics(d.Registerer, &r.inFlight); err != nil {
+	if r.m, err = newMetrics(cfg.Registerer, &r.inFlight); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -99,18 +100,35 @@ func (r *Runner) Registry() *Registry { return r.reg }
 // Replica is the id the Runner writes into results and events.
 func (r *Runner) Replica() string { return r.replica }
 
-// Worker returns the opened Worker of the kind named name (nil if none):
-// cron asks it for its Scheduler.
-func (r *Runner) Worker(name string) Worker { return r.workers[name] }
+// Schedule is one kind's cron schedule (Worker.Schedule).
+type Schedule struct {
+	Kind Kind
+	// Spec is the robfig/cron spec.
+	Spec string
+	// Tick gives the Params of a tick at at, in the schedule's zone.
+	Tick func(at time.Time) (Params, error)
+}
+
+// Schedules are the schedules of the kinds whose Worker has one, in
+// registration order.
+func (r *Runner) Schedules() []Schedule {
+	var out []Schedule
+	for _, k := range r.reg.Kinds() {
+		if w := r.workers[k.Spec().Name]; w.schedule != "" {
+			out = append(out, Schedule{Kind: k, Spec: w.schedule, Tick: w.tick})
+		}
+	}
+	return out
+}
 
 // Status answers GET HTTPPath/{id} for k: ErrNotFound when k keeps no
 // run state.
 func (r *Runner) Status(ctx context.Context, k Kind, id string) (any, error) {
-	sr, ok := r.workers[k.Spec().Name].(StatusReader)
-	if !ok {
+	w := r.workers[k.Spec().Name]
+	if w == nil || w.status == nil {
 		return nil, ErrNotFound
 	}
-	return sr.Status(ctx, id)
+	return w.status(ctx, id)
 }
 
 // Run is Begin and, when the run is owned, Execute: one owned run to its
@@ -128,7 +146,7 @@ func (r *Runner) Run(ctx context.Context, k Kind, p Params, t job.Trigger) job.R
 type Owned struct {
 	r      *Runner
 	kind   Kind
-	worker Worker
+	worker *worker
 	params Params
 	run    *Run
 	lease  Lease
@@ -141,10 +159,10 @@ type Owned struct {
 	badInput bool // failed on the caller's input (job.ErrBadInput): nothing to resume
 }
 
-// Fence is the claim's fence (Claimer), else the lock's.
+// Fence is the claim's fence (Worker.Claim), else the lock's.
 func (o *Owned) Fence() int64 { return o.run.fence }
 
-// Begin takes the lock on k.LockKey(p) and, for a Claimer, the claim. A nil
+// Begin takes the lock on k.LockKey(p) and, for a kind with a Claim, the claim. A nil
 // *Owned means the returned Result is final (already_owned naming the
 // owner, unavailable, already_completed, lost, failed) and its events were
 // emitted. Otherwise the Result names the owner and fence with no outcome
@@ -154,7 +172,7 @@ func (r *Runner) Begin(ctx context.Context, k Kind, p Params, t job.Trigger) (*O
 	key := k.LockKey(p)
 	o := &Owned{r: r, kind: k, worker: r.workers[spec.Name], params: p, start: time.Now(),
 		res: job.Result{Job: spec.Name, Key: key, Replica: r.replica, RequestID: t.RequestID}}
-	_, o.res.Resumable = o.worker.(Resumable)
+	o.res.Resumable = o.worker != nil && o.worker.incomplete != nil
 	log := r.log.With("job", spec.Name, "lock_key", key, "request_id", t.RequestID, "trigger", string(t.Source))
 	if t.RequestedBy != "" {
 		log = log.With("requested_by", t.RequestedBy)
@@ -167,23 +185,24 @@ func (r *Runner) Begin(ctx context.Context, k Kind, p Params, t job.Trigger) (*O
 	switch {
 	case o.worker == nil:
 		return nil, o.fail(ctx, fmt.Errorf("owned: kind %q is not registered with this Runner", spec.Name))
+	case p.kind != spec.Name:
+		return nil, o.fail(ctx, fmt.Errorf("owned: kind %q given the params of kind %q", spec.Name, p.kind))
 	case !strings.HasPrefix(key, spec.Name+":"):
 		return nil, o.fail(ctx, fmt.Errorf("owned: kind %q locks %q, outside its namespace %q", spec.Name, key, spec.Name+":"))
 	}
-	if l, ok := o.worker.(Leaser); ok {
-		o.lease = l.Lease(p)
+	if o.worker.lease != nil {
+		o.lease = o.worker.lease(p)
 	}
 
 	if !o.acquire(ctx) {
 		return nil, o.res
 	}
-	c, ok := o.worker.(Claimer)
-	if !ok {
+	if o.worker.claim == nil {
 		return o, o.res
 	}
 	cctx, done := o.underLease(ctx)
 	cctx, span := o.run.child(cctx, "run.claim", AttrLockFence.Int64(o.run.lockFence))
-	fence, err := c.Claim(cctx, o.run, p)
+	fence, err := o.worker.claim(cctx, o.run, p)
 	cause := done()
 	if err != nil {
 		span.SetAttributes(attribute.String("coordinator.claim", claimRefusal(err)))
@@ -313,7 +332,7 @@ func (o *Owned) Execute(ctx context.Context) job.Result {
 	o.r.inFlight.add(o.run)
 	stopProgress := o.r.progress.Track(o.run)
 	wctx, done := o.underLease(ctx)
-	rep, err := o.worker.Run(wctx, o.run, o.params)
+	rep, err := o.worker.run(wctx, o.run, o.params)
 	cause := done()
 	stopProgress()
 	o.r.inFlight.remove(o.run)
@@ -328,13 +347,13 @@ func (o *Owned) settle(ctx context.Context, rep Report, err, cause error) job.Ou
 	data := countsData(rep.Counts, rep.Data)
 	switch outcome {
 	case job.OutcomeCompleted:
-		if cr, ok := o.worker.(CompletionRecorder); ok && cr.RecordsCompletion(o.params) {
+		if w := o.worker; w.records != nil && w.records(o.params) {
 			// At least once: the id the Worker stored with the completion,
 			// and the store marks it published only once the sink
 			// acknowledged that event; the resumers re-publish it otherwise
-			// (CompletionRecorder).
+			// (Worker.Completions).
 			o.run.sendAcked(ctx, events.RunCompleted, o.run.fence, "", data, o.run.completionID,
-				o.r.markPublished(cr, o.params, o.run.fence, o.run.log))
+				o.r.markPublished(w, o.params, o.run.fence, o.run.log))
 		} else {
 			o.run.send(ctx, events.RunCompleted, o.run.fence, "", data)
 		}
@@ -365,12 +384,12 @@ func (o *Owned) settle(ctx context.Context, rep Report, err, cause error) job.Ou
 // in a goroutine of its own (the callback runs on the sink's producer) under
 // requestTimeout. A mark that fails leaves the completion to the resumers,
 // which re-publish it with the same id.
-func (r *Runner) markPublished(cr CompletionRecorder, p Params, fence int64, log *slog.Logger) func() {
+func (r *Runner) markPublished(w *worker, p Params, fence int64, log *slog.Logger) func() {
 	return func() {
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 			defer cancel()
-			if err := cr.CompletionPublished(ctx, p, fence); err != nil {
+			if err := w.published(ctx, p, fence); err != nil {
 				log.Warn("run_completed_mark_failed", "fence", fence, "error", err,
 					"detail", "the resumers will publish run.completed again, with the same id")
 			}
@@ -460,7 +479,7 @@ func (o *Owned) lostAfterRun(ctx context.Context, reason string) {
 }
 
 // end fixes the outcome, records what it means for the run's request (a
-// Resumable kind), records metrics and tells an Observer.
+// resumable kind), records metrics and tells the kind's Observe.
 func (o *Owned) end(outcome job.Outcome) job.Result {
 	o.res.Outcome = outcome
 	o.res.BadInput = outcome == job.OutcomeFailed && o.badInput
@@ -468,8 +487,8 @@ func (o *Owned) end(outcome job.Outcome) job.Result {
 	took := time.Since(o.start)
 	o.res.DurationMS = took.Milliseconds()
 	o.r.m.ended(o.run.job, outcome, took)
-	if obs, ok := o.worker.(Observer); ok {
-		obs.Observe(o.res)
+	if o.worker != nil && o.worker.observe != nil {
+		o.worker.observe(o.res)
 	}
 	if outcome != job.OutcomeAlreadyOwned && outcome != job.OutcomeUnavailable {
 		level := slog.LevelInfo
@@ -483,7 +502,7 @@ func (o *Owned) end(outcome job.Outcome) job.Result {
 	return o.res
 }
 
-// settleRequest records, for a Resumable kind, what the run's end means for
+// settleRequest records, for a resumable kind (Worker.Incomplete), what the run's end means for
 // its request (run_requests), before the Result reaches the transport (a
 // Kafka trigger is committed after this):
 //

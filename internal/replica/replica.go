@@ -64,7 +64,7 @@ type Config struct {
 	// OpenLocker builds the Locker. Required.
 	OpenLocker OpenLocker
 	// Kinds are the kinds of owned run the replica serves. Default
-	// kinds.Registry().
+	// kinds.Registry(Config).
 	Kinds *owned.Registry
 	// Version shows in the start log line and coordinator_build_info.
 	// Default "dev".
@@ -259,7 +259,7 @@ func (r *Replica) Start(ctx context.Context) error {
 		return &StartError{Step: "config", Code: job.ExitUsage, Err: err}
 	}
 	if r.rc.Kinds == nil {
-		reg, err := kinds.Registry()
+		reg, err := kinds.Registry(r.cfg)
 		if err != nil {
 			return &StartError{Step: "kinds", Code: job.ExitFailed, Err: err}
 		}
@@ -458,8 +458,11 @@ func (r *Replica) startTopics(ctx context.Context) error {
 // startRunner opens every kind behind the owned-run template and the
 // dispatcher. A kind's bad configuration is exit 64.
 func (r *Replica) startRunner(context.Context) error {
-	runner, err := owned.NewRunner(r.rc.Kinds, owned.Deps{Config: r.cfg, DB: r.pool, Locker: r.locker, Log: r.log,
-		Registerer: r.reg, Telemetry: r.rc.Telemetry}, r.emit)
+	runner, err := owned.NewRunner(r.rc.Kinds, owned.RunnerConfig{
+		Deps:    owned.Deps{DB: r.pool, Locker: r.locker, Log: r.log, Registerer: r.reg},
+		Replica: r.cfg.ReplicaID, Emit: r.emit, Tracer: r.rc.Telemetry.TracerIfOn(owned.TracerName),
+		ProgressInterval: r.cfg.ProgressInterval,
+	})
 	if err != nil {
 		return failed(job.ExitUsage, err)
 	}

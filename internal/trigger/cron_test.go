@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/telco-platform/coordinator/internal/billrun"
-	"github.com/telco-platform/coordinator/internal/config"
+	"github.com/telco-platform/coordinator/internal/cronspec"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
@@ -90,7 +90,7 @@ func TestLastTickInTheCatchUpWindow(t *testing.T) {
 		{"@every has no fixed ticks", "@every 1m", 6 * time.Hour, time.Time{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			sched, err := config.CronParser.Parse(tc.spec)
+			sched, err := cronspec.Parse(tc.spec)
 			require.NoError(t, err)
 			got, ok := trigger.LastTick(sched, now, tc.window)
 			require.Equal(t, !tc.want.IsZero(), ok)
@@ -110,9 +110,9 @@ func billrunReplica(t *testing.T, pg *testenv.PG, rd *testenv.RedisEnv, id, spec
 	l, err := redislock.New(client, redislock.Config{Prefix: rd.Prefix, Owner: id, WaitTime: 100 * time.Millisecond})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close(); _ = client.Close() })
-	reg, err := owned.NewRegistry(billrun.New(billrun.Config{BatchSize: 25}))
+	reg, err := owned.NewRegistry(billrun.New(billrun.Config{BatchSize: 25, Schedule: spec}))
 	require.NoError(t, err)
-	r, err := owned.NewRunner(reg, owned.Deps{Config: config.Config{ReplicaID: id, BillrunSchedule: spec}, DB: pg.Pool, Locker: l}, rec)
+	r, err := owned.NewRunner(reg, owned.RunnerConfig{Deps: owned.Deps{DB: pg.Pool, Locker: l}, Replica: id, Emit: rec})
 	require.NoError(t, err)
 	d := trigger.NewDispatcher(trigger.DispatcherConfig{Runner: r})
 	t.Cleanup(func() { d.Shutdown(context.Background()) })

@@ -662,7 +662,7 @@ func derivedID(rec *kgo.Record) string {
 
 // reject copies rec to the DLQ (see dlqRecord) and emits trigger.rejected:
 // its subject is the lock key when the record's key names one
-// (owned.RecordKeyed), else the kind's name. It reports false when the DLQ
+// (owned.Def.RecordLockKey), else the kind's name. It reports false when the DLQ
 // could not be written, so the record is retried, not lost. The copy is
 // bounded whatever the record's size, so a write fails for the DLQ's
 // sake (unreachable, not authorised), never for the record's.
@@ -675,8 +675,8 @@ func (c *KafkaConsumer) reject(rec *kgo.Record, k owned.Kind, err error) bool {
 	jobName, key := "", "trigger:"+rec.Topic
 	if k != nil {
 		jobName, key = k.Spec().Name, k.Spec().Name
-		if rk, ok := k.(owned.RecordKeyed); ok && len(rec.Key) <= DLQMaxKeyBytes {
-			if lk, ok := rk.LockKeyOfRecord(rec.Key); ok {
+		if len(rec.Key) <= DLQMaxKeyBytes {
+			if lk, ok := k.LockKeyOfRecord(rec.Key); ok {
 				key = lk
 			}
 		}

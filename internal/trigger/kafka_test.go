@@ -3,6 +3,7 @@ package trigger_test
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -64,13 +65,12 @@ func (f *fakeHandler) record(c call) job.Outcome {
 
 func (f *fakeHandler) Run(ctx context.Context, k owned.Kind, p owned.Params, t job.Trigger) (job.Result, error) {
 	c := call{job: k.Spec().Name, t: t}
-	switch v := p.(type) {
-	case billrun.Period:
-		c.period = v.String()
-	case billrun.Request:
-		c.period = v.Period.String()
-	case ownedtest.Params:
-		c.n = v.N
+	// The lock key names the run: billrun:PERIOD, widget:N.
+	_, id, _ := strings.Cut(k.LockKey(p), ":")
+	if c.job == billrun.JobName {
+		c.period = id
+	} else {
+		c.n, _ = strconv.Atoi(id)
 	}
 	if f.block != nil {
 		f.entered <- struct{}{}

@@ -1,4 +1,4 @@
-package replenish_test
+package replica_test
 
 import (
 	"bytes"
@@ -46,7 +46,7 @@ type deployment struct {
 func newDeployment(t *testing.T) *deployment {
 	t.Helper()
 	pg, rd, k := testenv.Postgres(t), testenv.Redis(t), testenv.Kafka(t)
-	reg, err := kinds.Registry()
+	reg, err := kinds.Config{}.Registry()
 	require.NoError(t, err)
 	d := &deployment{pg: pg, rd: rd, brokers: k.Brokers, names: topics.New(k.Suffix, reg.Topics()...),
 		rec: &events.Recorder{}, token: testenv.AdminToken()}
@@ -66,7 +66,7 @@ func newDeployment(t *testing.T) *deployment {
 	}
 	cfg, _, err := config.Load("test", nil, func(k string) string { return d.env[k] })
 	require.NoError(t, err)
-	r := replica.New(replica.Config{Config: cfg, OpenLocker: openLocker, Kinds: reg, Emit: d.rec,
+	r := replica.New(replica.Config{Config: cfg, OpenLocker: openLocker, Emit: d.rec,
 		Log: slog.New(slog.DiscardHandler)})
 	require.NoError(t, r.Start(context.Background()))
 	t.Cleanup(func() {
@@ -207,7 +207,7 @@ func TestReplenishOverHTTP(t *testing.T) {
 
 	code, body = d.post(t, `{"first":"447700200000"}`)
 	require.Equal(t, http.StatusBadRequest, code)
-	require.Contains(t, body["detail"], `"count"`)
+	require.Contains(t, body["detail"], "first needs count")
 	code, body = d.post(t, `{"msisdns":["447700200001"],"force":true}`)
 	require.Equal(t, http.StatusBadRequest, code)
 	require.Contains(t, body["detail"], "unknown field")
@@ -251,7 +251,7 @@ func TestReplenishFromTheCLI(t *testing.T) {
 
 	_, errs, code = d.cli(t, bin, "run", "replenish", "--first", "447700300000")
 	require.Equal(t, job.ExitUsage, code)
-	require.Contains(t, errs, "--first needs --count")
+	require.Contains(t, errs, "rejected (bad_count): first needs count")
 
 	// trigger produces the record the replica consumes.
 	out, errs, code = d.cli(t, bin, "trigger", "replenish", "--first", "447700300100", "--count", "5", "--request-id", "cli-trigger")
