@@ -197,11 +197,11 @@ func runLock(ctx context.Context, cio cliIO, args []string) int {
 		return job.ExitUsage
 	}
 	if a.waitSet {
-		cfg.LockWaitTime = a.wait
+		cfg.Lock.WaitTime = a.wait
 	}
 	ttl, watchdog := a.lease, a.lease == 0
 	if watchdog {
-		ttl = cfg.LockWatchdogTimeout
+		ttl = cfg.Lock.WatchdogTimeout
 	}
 	grace, err := fitGrace(a, ttl, watchdog)
 	if err != nil {

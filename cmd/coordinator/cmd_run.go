@@ -165,7 +165,7 @@ func runRun(ctx context.Context, cio cliIO, args []string) int {
 	ctx = tel.Extract(ctx, telemetry.HeaderCarrier(func(k string) string { return cio.getenv(strings.ToUpper(k)) }))
 	connectCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	pool, err := postgres.Connect(connectCtx, cfg.DatabaseURL, int32(cfg.BillrunWorkers+8), postgres.WithTracer(tel.PgxTracer()))
+	pool, err := postgres.Connect(connectCtx, cfg.DatabaseURL, int32(cfg.Billrun.Workers+8), postgres.WithTracer(tel.PgxTracer()))
 	if err != nil {
 		log.Error("run_postgres_unreachable", "error", err)
 		return failed(job.OutcomeFailed, err)

@@ -227,10 +227,10 @@ func loadConfig(cio cliIO, name string, args []string) (config.Config, []string,
 // become records like every other.
 func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
 	var level slog.Level
-	_ = level.UnmarshalText([]byte(cfg.LogLevel))
+	_ = level.UnmarshalText([]byte(cfg.Log.Level))
 	opts := &slog.HandlerOptions{Level: level}
 	var h slog.Handler = slog.NewTextHandler(w, opts)
-	if cfg.LogFormat == "json" {
+	if cfg.Log.Format == "json" {
 		h = slog.NewJSONHandler(w, opts)
 	}
 	log := slog.New(h).With("replica", cfg.ReplicaID)

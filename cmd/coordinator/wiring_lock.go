@@ -26,12 +26,12 @@ import (
 // does not answer yet only logs, and acquisitions fail closed until it does.
 func openLocker(ctx context.Context, cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (ownership.Locker, error) {
 	metrics := ownership.NewMetrics(reg)
-	if !cfg.LockEnabled {
+	if !cfg.Lock.Enabled {
 		log.Warn("lock_disabled_single_replica_mode",
 			"detail", "COORDINATOR_LOCK_ENABLED=false: in-memory locker, NO exclusion across replicas; run exactly one replica",
 			"owner", cfg.ReplicaID)
 		return ownership.NewMemoryLocker(ownership.MemoryConfig{
-			Owner: cfg.ReplicaID, WaitTime: lockerWait(cfg.LockWaitTime), WatchdogTimeout: cfg.LockWatchdogTimeout, Metrics: metrics,
+			Owner: cfg.ReplicaID, WaitTime: lockerWait(cfg.Lock.WaitTime), WatchdogTimeout: cfg.Lock.WatchdogTimeout, Metrics: metrics,
 		}), nil
 	}
 	opts, err := redisOptions(cfg)
@@ -40,9 +40,9 @@ func openLocker(ctx context.Context, cfg config.Config, log *slog.Logger, reg pr
 	}
 	client := redis.NewUniversalClient(opts)
 	l, err := redislock.New(client, redislock.Config{
-		Prefix: cfg.LockKeyPrefix, Owner: cfg.ReplicaID, WaitTime: lockerWait(cfg.LockWaitTime),
-		WatchdogTimeout: cfg.LockWatchdogTimeout, Logger: log, Metrics: metrics,
-		WaitReplicas: cfg.LockWaitReplicas, ReplicaTimeout: cfg.LockWaitReplicasTimeout,
+		Prefix: cfg.Lock.KeyPrefix, Owner: cfg.ReplicaID, WaitTime: lockerWait(cfg.Lock.WaitTime),
+		WatchdogTimeout: cfg.Lock.WatchdogTimeout, Logger: log, Metrics: metrics,
+		WaitReplicas: cfg.Lock.WaitReplicas, ReplicaTimeout: cfg.Lock.WaitReplicasTimeout,
 	})
 	if err != nil {
 		_ = client.Close()
@@ -58,7 +58,7 @@ func openLocker(ctx context.Context, cfg config.Config, log *slog.Logger, reg pr
 	case err != nil:
 		// Not fatal: acquisitions fail closed until Redis answers (and are
 		// refused then, if its eviction policy turns out unsafe).
-		log.Warn("lock_backend_unreachable", "mode", cfg.LockRedisMode, "error", err)
+		log.Warn("lock_backend_unreachable", "mode", cfg.Lock.RedisMode, "error", err)
 	}
 	return &clientLocker{Locker: l, client: client}, nil
 }
@@ -82,16 +82,16 @@ func lockerWait(d time.Duration) time.Duration {
 // Redis client.
 func checkLockSettings(cfg config.Config) error {
 	urlErr := func(err error) error {
-		return &config.Error{Variable: "COORDINATOR_LOCK_REDIS_URL", Flag: "lock-redis-url", Value: redact.URL(cfg.LockRedisURL), Err: err}
+		return &config.Error{Variable: "COORDINATOR_LOCK_REDIS_URL", Flag: "lock-redis-url", Value: redact.URL(cfg.Lock.RedisURL), Err: err}
 	}
-	opts, err := redislock.ParseOptions(cfg.LockRedisURL, cfg.LockRedisMode)
+	opts, err := redislock.ParseOptions(cfg.Lock.RedisURL, cfg.Lock.RedisMode)
 	if err != nil {
 		return urlErr(err)
 	}
-	if cfg.LockRedisPassword != "" && opts.Password != "" {
+	if cfg.Lock.RedisPassword != "" && opts.Password != "" {
 		return urlErr(errors.New("carries a password and COORDINATOR_LOCK_REDIS_PASSWORD_FILE is set: keep the password in one place"))
 	}
-	if cfg.LockRedisTLSFiles().Any() && opts.TLSConfig == nil {
+	if cfg.Lock.RedisTLSFiles().Any() && opts.TLSConfig == nil {
 		return urlErr(errors.New("the COORDINATOR_LOCK_REDIS_TLS_* files need a rediss:// URL"))
 	}
 	return nil
@@ -102,14 +102,14 @@ func checkLockSettings(cfg config.Config) error {
 // COORDINATOR_LOCK_REDIS_PASSWORD_FILE and, for rediss://, the CA and client
 // certificate of the COORDINATOR_LOCK_REDIS_TLS_* files.
 func redisOptions(cfg config.Config) (*redis.UniversalOptions, error) {
-	opts, err := redislock.ParseOptions(cfg.LockRedisURL, cfg.LockRedisMode)
+	opts, err := redislock.ParseOptions(cfg.Lock.RedisURL, cfg.Lock.RedisMode)
 	if err != nil {
 		return nil, err
 	}
-	if cfg.LockRedisPassword != "" {
-		opts.Password = cfg.LockRedisPassword
+	if cfg.Lock.RedisPassword != "" {
+		opts.Password = cfg.Lock.RedisPassword
 	}
-	if files := cfg.LockRedisTLSFiles(); files.Any() {
+	if files := cfg.Lock.RedisTLSFiles(); files.Any() {
 		if opts.TLSConfig == nil {
 			return nil, errors.New("redis: the COORDINATOR_LOCK_REDIS_TLS_* files need a rediss:// URL")
 		}

@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"errors"
+	"flag"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,26 +24,26 @@ func TestDefaults(t *testing.T) {
 	c, rest, err := config.Load("serve", nil, env(nil))
 	require.NoError(t, err)
 	require.Empty(t, rest)
-	require.True(t, c.LockEnabled)
-	require.Equal(t, "redis://127.0.0.1:6379/0", c.LockRedisURL)
-	require.Equal(t, "single", c.LockRedisMode)
-	require.Equal(t, 5*time.Second, c.LockWaitTime)
-	require.Equal(t, 30*time.Second, c.LockWatchdogTimeout)
-	require.Equal(t, []string{"127.0.0.1:9092"}, c.KafkaBrokers)
-	require.True(t, c.KafkaCreateTopics)
-	require.Equal(t, ":8080", c.HTTPAddr)
-	require.Equal(t, "@every 30s", c.ReaperSchedule)
-	require.Nil(t, c.ReaperMinHold, "the reaper's default (half the @every interval)")
-	require.Empty(t, c.BillrunSchedule)
-	require.Equal(t, "UTC", c.BillingZone.String())
-	require.Equal(t, 24, c.BillrunMaxAgeMonths)
+	require.True(t, c.Lock.Enabled)
+	require.Equal(t, "redis://127.0.0.1:6379/0", c.Lock.RedisURL)
+	require.Equal(t, "single", c.Lock.RedisMode)
+	require.Equal(t, 5*time.Second, c.Lock.WaitTime)
+	require.Equal(t, 30*time.Second, c.Lock.WatchdogTimeout)
+	require.Equal(t, []string{"127.0.0.1:9092"}, c.Kafka.Brokers)
+	require.True(t, c.Kafka.CreateTopics)
+	require.Equal(t, ":8080", c.HTTP.Addr)
+	require.Equal(t, "@every 30s", c.Reaper.Schedule)
+	require.Nil(t, c.Reaper.MinHold, "the reaper's default (half the @every interval)")
+	require.Empty(t, c.Billrun.Schedule)
+	require.Equal(t, "UTC", c.Billrun.Zone.String())
+	require.Equal(t, 24, c.Billrun.MaxAgeMonths)
 	require.NotEmpty(t, c.ReplicaID)
-	require.Equal(t, "coordinator", c.KafkaGroup)
-	require.Equal(t, 0, c.LockWaitReplicas, "auto")
-	require.Equal(t, 200*time.Millisecond, c.LockWaitReplicasTimeout)
-	require.Equal(t, 8<<20, c.KafkaMaxDecompressedBatchBytes)
-	require.Equal(t, 6*time.Hour, c.CronCatchUpWindow)
-	require.Zero(t, c.CronJitter)
+	require.Equal(t, "coordinator", c.Kafka.Group)
+	require.Equal(t, 0, c.Lock.WaitReplicas, "auto")
+	require.Equal(t, 200*time.Millisecond, c.Lock.WaitReplicasTimeout)
+	require.Equal(t, 8<<20, c.Kafka.MaxDecompressedBatchBytes)
+	require.Equal(t, 6*time.Hour, c.Cron.CatchUpWindow)
+	require.Zero(t, c.Cron.Jitter)
 }
 
 func TestWaitReplicas(t *testing.T) {
@@ -50,7 +51,7 @@ func TestWaitReplicas(t *testing.T) {
 	for v, want := range map[string]int{"auto": 0, "none": -1, "2": 2} {
 		c, _, err := config.Load("serve", nil, env(map[string]string{"COORDINATOR_LOCK_REDIS_WAIT_REPLICAS": v}))
 		require.NoError(t, err, v)
-		require.Equal(t, want, c.LockWaitReplicas, v)
+		require.Equal(t, want, c.Lock.WaitReplicas, v)
 	}
 }
 
@@ -65,9 +66,9 @@ func TestFallbacksAndFlagsWin(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"billrun"}, rest)
 	require.Equal(t, "postgres://u@db:5432/x", c.DatabaseURL)
-	require.Equal(t, "redis://r:6379/1", c.LockRedisURL)
-	require.Equal(t, 2*time.Second, c.LockWaitTime, "the flag wins over the variable")
-	require.Equal(t, []string{"a:9092", "b:9093"}, c.KafkaBrokers)
+	require.Equal(t, "redis://r:6379/1", c.Lock.RedisURL)
+	require.Equal(t, 2*time.Second, c.Lock.WaitTime, "the flag wins over the variable")
+	require.Equal(t, []string{"a:9092", "b:9093"}, c.Kafka.Brokers)
 }
 
 func TestInvalidValuesNameTheVariable(t *testing.T) {
@@ -147,16 +148,16 @@ func TestSecretFiles(t *testing.T) {
 	}))
 	require.NoError(t, err)
 	require.Equal(t, "postgres://app:p%40ss@db:5432/x?sslmode=verify-full", c.DatabaseURL, "one final newline dropped")
-	require.Equal(t, "rediss://coordinator@r:6380/0", c.LockRedisURL)
-	require.Equal(t, "redis-secret", c.LockRedisPassword)
-	require.Equal(t, token, c.AdminToken)
-	require.Equal(t, config.SASLScramSHA512, c.KafkaSASLMechanism)
-	require.Equal(t, "kafka-secret", c.KafkaSASLPassword)
+	require.Equal(t, "rediss://coordinator@r:6380/0", c.Lock.RedisURL)
+	require.Equal(t, "redis-secret", c.Lock.RedisPassword)
+	require.Equal(t, token, c.HTTP.AdminToken)
+	require.Equal(t, "SCRAM-SHA-512", c.Kafka.SASLMechanism)
+	require.Equal(t, "kafka-secret", c.Kafka.SASLPassword)
 
 	// The flag form of a _FILE variable is allowed: it names a path, not a secret.
 	c, _, err = config.Load("serve", []string{"--admin-token-file", write("token2", token)}, env(nil))
 	require.NoError(t, err)
-	require.Equal(t, token, c.AdminToken)
+	require.Equal(t, token, c.HTTP.AdminToken)
 
 	for _, tc := range []struct {
 		name     string
@@ -195,7 +196,7 @@ func TestAdminTokenLength(t *testing.T) {
 	}
 	c, _, err := config.Load("serve", nil, env(map[string]string{"COORDINATOR_ADMIN_TOKEN": strings.Repeat("x", config.MinAdminTokenBytes)}))
 	require.NoError(t, err)
-	require.Len(t, c.AdminToken, config.MinAdminTokenBytes)
+	require.Len(t, c.HTTP.AdminToken, config.MinAdminTokenBytes)
 }
 
 func TestAdminTokensFile(t *testing.T) {
@@ -214,11 +215,11 @@ func TestAdminTokensFile(t *testing.T) {
 		{Name: "admin", Scopes: adminauth.All, Secret: single},
 		{Name: "billing-ops", Scopes: adminauth.All, Secret: ops},
 		{Name: "grafana", Scopes: adminauth.Read, Secret: grafana},
-	}, c.AdminTokenSet())
+	}, c.HTTP.AdminTokenSet())
 
 	c, _, err = config.Load("serve", []string{"--admin-tokens-file", file}, env(nil))
 	require.NoError(t, err)
-	require.Len(t, c.AdminTokenSet(), 2, "the file alone, without COORDINATOR_ADMIN_TOKEN")
+	require.Len(t, c.HTTP.AdminTokenSet(), 2, "the file alone, without COORDINATOR_ADMIN_TOKEN")
 
 	for _, tc := range []struct {
 		name    string
@@ -251,11 +252,11 @@ func TestRunCapAndHealthInterval(t *testing.T) {
 	t.Parallel()
 	c, _, err := config.Load("serve", nil, env(nil))
 	require.NoError(t, err)
-	require.Equal(t, 8, c.MaxRunsInFlight)
+	require.Equal(t, 8, c.HTTP.MaxRunsInFlight)
 	require.Equal(t, 10*time.Second, c.HealthCheckInterval)
 	c, _, err = config.Load("serve", []string{"--max-runs-in-flight=2", "--health-check-interval=500ms"}, env(nil))
 	require.NoError(t, err)
-	require.Equal(t, 2, c.MaxRunsInFlight)
+	require.Equal(t, 2, c.HTTP.MaxRunsInFlight)
 	require.Equal(t, 500*time.Millisecond, c.HealthCheckInterval)
 	for v, bad := range map[string]string{"COORDINATOR_MAX_RUNS_IN_FLIGHT": "0", "COORDINATOR_HEALTH_CHECK_INTERVAL": "1ms"} {
 		_, _, err := config.Load("serve", nil, env(map[string]string{v: bad}))
@@ -301,14 +302,14 @@ func TestKafkaSecuritySettings(t *testing.T) {
 
 	c, _, err := config.Load("serve", nil, env(map[string]string{"COORDINATOR_KAFKA_TLS_CA_FILE": ca}))
 	require.NoError(t, err)
-	require.True(t, c.KafkaTLSEnabled(), "a CA file turns TLS on")
-	require.Equal(t, ca, c.KafkaTLSCAFile)
+	require.True(t, c.Kafka.TLSEnabled(), "a CA file turns TLS on")
+	require.Equal(t, ca, c.Kafka.TLSCAFile)
 	c, _, err = config.Load("serve", nil, env(map[string]string{"COORDINATOR_KAFKA_TLS": "true"}))
 	require.NoError(t, err)
-	require.True(t, c.KafkaTLSEnabled(), "TLS with the system roots")
+	require.True(t, c.Kafka.TLSEnabled(), "TLS with the system roots")
 	c, _, err = config.Load("serve", nil, env(nil))
 	require.NoError(t, err)
-	require.False(t, c.KafkaTLSEnabled())
+	require.False(t, c.Kafka.TLSEnabled())
 
 	for _, tc := range []struct {
 		env      map[string]string
@@ -392,4 +393,28 @@ func FuzzSecretsNeverEchoed(f *testing.F) {
 			}
 		}
 	})
+}
+
+// -h shows each flag's type from the settings table itself: the parser a
+// setting is made with gives its type, so none can drift (the hand-kept
+// table showed `string` for four duration and integer flags).
+func TestHelpShowsEachSettingsType(t *testing.T) {
+	t.Parallel()
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	config.Bind(fs, env(nil))
+	for _, s := range config.Settings() {
+		f := fs.Lookup(s.Flag)
+		require.NotNil(t, f, s.Flag)
+		typ, _ := flag.UnquoteUsage(f)
+		if s.Type == "bool" {
+			require.Empty(t, typ, "%s: a bool flag takes no argument", s.Flag)
+			continue
+		}
+		require.Equal(t, s.Type, typ, s.Flag)
+	}
+	for name, want := range map[string]string{"progress-interval": "duration", "lock-redis-wait-timeout": "duration",
+		"events-republish-after": "duration", "billrun-max-age-months": "int", "reaper-batch-size": "int"} {
+		typ, _ := flag.UnquoteUsage(fs.Lookup(name))
+		require.Equal(t, want, typ, name)
+	}
 }

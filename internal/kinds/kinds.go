@@ -27,7 +27,7 @@ type Config struct {
 // field of the process's configuration leaves the kind's default.
 func ConfigOf(cfg config.Config) Config {
 	var minHold time.Duration // unset: the reaper's default, from its schedule
-	if d := cfg.ReaperMinHold; d != nil {
+	if d := cfg.Reaper.MinHold; d != nil {
 		minHold = *d
 		if minHold == 0 {
 			minHold = -1 // set to 0: no hold, whatever the schedule
@@ -35,11 +35,11 @@ func ConfigOf(cfg config.Config) Config {
 	}
 	return Config{
 		Billrun: billrun.Config{
-			Schedule: cfg.BillrunSchedule, BatchSize: cfg.BillrunBatchSize, Workers: cfg.BillrunWorkers,
-			Calendar: billrun.Calendar{Zone: cfg.BillingZone, MaxAgeMonths: cfg.BillrunMaxAgeMonths},
+			Schedule: cfg.Billrun.Schedule, BatchSize: cfg.Billrun.BatchSize, Workers: cfg.Billrun.Workers,
+			Calendar: billrun.Calendar{Zone: cfg.Billrun.Zone, MaxAgeMonths: cfg.Billrun.MaxAgeMonths},
 		},
 		Reaper: msisdnreaper.Config{
-			Schedule: cfg.ReaperSchedule, Lease: cfg.ReaperLease, BatchSize: cfg.ReaperBatchSize, MinHold: minHold,
+			Schedule: cfg.Reaper.Schedule, Lease: cfg.Reaper.Lease, BatchSize: cfg.Reaper.BatchSize, MinHold: minHold,
 		},
 	}
 }

@@ -31,42 +31,42 @@ func TestDocumentedDefaultsAreThePackagesDefaults(t *testing.T) {
 
 	// The process's value with nothing set, and the package's default.
 	tied := map[string][2]any{
-		"COORDINATOR_LOCK_KEY_PREFIX":                    {cfg.LockKeyPrefix, redislock.DefaultPrefix},
-		"COORDINATOR_LOCK_WAIT_TIME":                     {cfg.LockWaitTime, ownership.DefaultWaitTime},
-		"COORDINATOR_LOCK_WATCHDOG_TIMEOUT":              {cfg.LockWatchdogTimeout, ownership.DefaultWatchdogTimeout},
-		"COORDINATOR_LOCK_REDIS_WAIT_TIMEOUT":            {cfg.LockWaitReplicasTimeout, redislock.DefaultReplicaTimeout},
-		"COORDINATOR_LOCK_REDIS_WAIT_REPLICAS":           {cfg.LockWaitReplicas, 0}, // redislock.Config.WaitReplicas: 0 is auto
-		"COORDINATOR_KAFKA_MAX_DECOMPRESSED_BATCH_BYTES": {cfg.KafkaMaxDecompressedBatchBytes, trigger.DefaultMaxDecompressBatchBytes},
+		"COORDINATOR_LOCK_KEY_PREFIX":                    {cfg.Lock.KeyPrefix, redislock.DefaultPrefix},
+		"COORDINATOR_LOCK_WAIT_TIME":                     {cfg.Lock.WaitTime, ownership.DefaultWaitTime},
+		"COORDINATOR_LOCK_WATCHDOG_TIMEOUT":              {cfg.Lock.WatchdogTimeout, ownership.DefaultWatchdogTimeout},
+		"COORDINATOR_LOCK_REDIS_WAIT_TIMEOUT":            {cfg.Lock.WaitReplicasTimeout, redislock.DefaultReplicaTimeout},
+		"COORDINATOR_LOCK_REDIS_WAIT_REPLICAS":           {cfg.Lock.WaitReplicas, 0}, // redislock.Config.WaitReplicas: 0 is auto
+		"COORDINATOR_KAFKA_MAX_DECOMPRESSED_BATCH_BYTES": {cfg.Kafka.MaxDecompressedBatchBytes, trigger.DefaultMaxDecompressBatchBytes},
 		"COORDINATOR_HEALTH_CHECK_INTERVAL":              {cfg.HealthCheckInterval, health.DefaultInterval},
-		"COORDINATOR_REAPER_LEASE":                       {cfg.ReaperLease, msisdnreaper.DefaultLease},
-		"COORDINATOR_REAPER_BATCH_SIZE":                  {cfg.ReaperBatchSize, msisdnreaper.DefaultBatchSize},
+		"COORDINATOR_REAPER_LEASE":                       {cfg.Reaper.Lease, msisdnreaper.DefaultLease},
+		"COORDINATOR_REAPER_BATCH_SIZE":                  {cfg.Reaper.BatchSize, msisdnreaper.DefaultBatchSize},
 		// Unset: the reaper's own default, half an @every schedule's interval.
 		"COORDINATOR_REAPER_MIN_HOLD":        {kc.Reaper.MinHold, msisdnreaper.Config{}.MinHold},
-		"COORDINATOR_BILLRUN_BATCH_SIZE":     {cfg.BillrunBatchSize, billrun.DefaultBatchSize},
-		"COORDINATOR_BILLRUN_WORKERS":        {cfg.BillrunWorkers, billrun.DefaultWorkers},
-		"COORDINATOR_BILLRUN_MAX_AGE_MONTHS": {cfg.BillrunMaxAgeMonths, billrun.DefaultMaxAgeMonths},
+		"COORDINATOR_BILLRUN_BATCH_SIZE":     {cfg.Billrun.BatchSize, billrun.DefaultBatchSize},
+		"COORDINATOR_BILLRUN_WORKERS":        {cfg.Billrun.Workers, billrun.DefaultWorkers},
+		"COORDINATOR_BILLRUN_MAX_AGE_MONTHS": {cfg.Billrun.MaxAgeMonths, billrun.DefaultMaxAgeMonths},
 		"COORDINATOR_BILLRUN_SCHEDULE":       {kc.Billrun.Schedule, billrun.Config{}.Schedule},
-		"COORDINATOR_BILLING_TZ":             {cfg.BillingZone.String(), "UTC"}, // billrun.Calendar's zero Zone
-		"COORDINATOR_RESUME_INTERVAL":        {cfg.ResumeInterval, owned.DefaultResumeInterval},
-		"COORDINATOR_RESUME_MAX_ATTEMPTS":    {cfg.ResumeMaxAttempts, owned.DefaultResumeMaxAttempts},
-		"COORDINATOR_EVENTS_REPUBLISH_AFTER": {cfg.EventsRepublishAfter, owned.DefaultRepublishAfter},
+		"COORDINATOR_BILLING_TZ":             {cfg.Billrun.Zone.String(), "UTC"}, // billrun.Calendar's zero Zone
+		"COORDINATOR_RESUME_INTERVAL":        {cfg.Resume.Interval, owned.DefaultResumeInterval},
+		"COORDINATOR_RESUME_MAX_ATTEMPTS":    {cfg.Resume.MaxAttempts, owned.DefaultResumeMaxAttempts},
+		"COORDINATOR_EVENTS_REPUBLISH_AFTER": {cfg.Resume.RepublishAfter, owned.DefaultRepublishAfter},
 		"COORDINATOR_PROGRESS_INTERVAL":      {cfg.ProgressInterval, owned.DefaultProgressInterval},
-		"COORDINATOR_KAFKA_SESSION_TIMEOUT":  {cfg.KafkaSessionTimeout, config.DefaultKafkaSessionTimeout},
-		"COORDINATOR_CRON_JITTER":            {cfg.CronJitter, trigger.CronConfig{}.Jitter},
-		"COORDINATOR_LOCK_REDIS_MODE":        {cfg.LockRedisMode, redislock.ModeSingle},
-		"COORDINATOR_LOCK_REDIS_URL":         {cfg.LockRedisURL, "redis://127.0.0.1:6379/0"},     // go-redis' own default address
-		"COORDINATOR_KAFKA_BROKERS":          {fmt.Sprint(cfg.KafkaBrokers), "[127.0.0.1:9092]"}, // franz-go's own default broker
-		"COORDINATOR_REAPER_SCHEDULE":        {cfg.ReaperSchedule, "@every 30s"},                 // the contract's (docs/contract.md)
-		"COORDINATOR_KAFKA_GROUP":            {cfg.KafkaGroup, "coordinator"},                    // the contract's
-		"COORDINATOR_CRON_CATCHUP_WINDOW":    {cfg.CronCatchUpWindow.String(), "6h0m0s"},         // trigger.CronConfig: 0 (off) for a library user
-		"COORDINATOR_MAX_RUNS_IN_FLIGHT":     {cfg.MaxRunsInFlight, 8},                           // trigger.DispatcherConfig: 0 (no cap) for a library user
+		"COORDINATOR_KAFKA_SESSION_TIMEOUT":  {cfg.Kafka.SessionTimeout, config.DefaultKafkaSessionTimeout},
+		"COORDINATOR_CRON_JITTER":            {cfg.Cron.Jitter, trigger.CronConfig{}.Jitter},
+		"COORDINATOR_LOCK_REDIS_MODE":        {cfg.Lock.RedisMode, redislock.ModeSingle},
+		"COORDINATOR_LOCK_REDIS_URL":         {cfg.Lock.RedisURL, "redis://127.0.0.1:6379/0"},     // go-redis' own default address
+		"COORDINATOR_KAFKA_BROKERS":          {fmt.Sprint(cfg.Kafka.Brokers), "[127.0.0.1:9092]"}, // franz-go's own default broker
+		"COORDINATOR_REAPER_SCHEDULE":        {cfg.Reaper.Schedule, "@every 30s"},                 // the contract's (docs/contract.md)
+		"COORDINATOR_KAFKA_GROUP":            {cfg.Kafka.Group, "coordinator"},                    // the contract's
+		"COORDINATOR_CRON_CATCHUP_WINDOW":    {cfg.Cron.CatchUpWindow.String(), "6h0m0s"},         // trigger.CronConfig: 0 (off) for a library user
+		"COORDINATOR_MAX_RUNS_IN_FLIGHT":     {cfg.HTTP.MaxRunsInFlight, 8},                           // trigger.DispatcherConfig: 0 (no cap) for a library user
 		"COORDINATOR_SHUTDOWN_TIMEOUT":       {cfg.ShutdownTimeout.String(), "30s"},
-		"COORDINATOR_LOG_LEVEL":              {cfg.LogLevel, "info"},
-		"COORDINATOR_LOG_FORMAT":             {cfg.LogFormat, "text"},
-		"COORDINATOR_HTTP_ADDR":              {cfg.HTTPAddr, ":8080"},
-		"COORDINATOR_LOCK_ENABLED":           {cfg.LockEnabled, true},
-		"COORDINATOR_KAFKA_CREATE_TOPICS":    {cfg.KafkaCreateTopics, true},
-		"COORDINATOR_KAFKA_TLS":              {cfg.KafkaTLSEnabled(), false},
+		"COORDINATOR_LOG_LEVEL":              {cfg.Log.Level, "info"},
+		"COORDINATOR_LOG_FORMAT":             {cfg.Log.Format, "text"},
+		"COORDINATOR_HTTP_ADDR":              {cfg.HTTP.Addr, ":8080"},
+		"COORDINATOR_LOCK_ENABLED":           {cfg.Lock.Enabled, true},
+		"COORDINATOR_KAFKA_CREATE_TOPICS":    {cfg.Kafka.CreateTopics, true},
+		"COORDINATOR_KAFKA_TLS":              {cfg.Kafka.TLSEnabled(), false},
 	}
 	// Settings with no default value: unset unless given (secrets, files,
 	// the replica id derived from the host).

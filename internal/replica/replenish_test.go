@@ -87,11 +87,11 @@ func newDeployment(t *testing.T) *deployment {
 
 // openLocker is the replica's Locker on the test Redis.
 func openLocker(_ context.Context, cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (ownership.Locker, error) {
-	c, err := redislock.NewClient(cfg.LockRedisURL, cfg.LockRedisMode)
+	c, err := redislock.NewClient(cfg.Lock.RedisURL, cfg.Lock.RedisMode)
 	if err != nil {
 		return nil, err
 	}
-	l, err := redislock.New(c, redislock.Config{Prefix: cfg.LockKeyPrefix, Owner: cfg.ReplicaID, WaitTime: cfg.LockWaitTime,
+	l, err := redislock.New(c, redislock.Config{Prefix: cfg.Lock.KeyPrefix, Owner: cfg.ReplicaID, WaitTime: cfg.Lock.WaitTime,
 		Logger: log, Metrics: ownership.NewMetrics(reg)})
 	if err != nil {
 		_ = c.Close()
@@ -212,8 +212,8 @@ func TestReplenishOverHTTP(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, code)
 	require.Contains(t, body["detail"], "unknown field")
 
-	other, err := openLocker(context.Background(), config.Config{LockRedisURL: d.rd.URL, LockRedisMode: "single",
-		LockKeyPrefix: d.rd.Prefix, ReplicaID: "replica-b", LockWaitTime: time.Second}, slog.New(slog.DiscardHandler), nil)
+	other, err := openLocker(context.Background(), config.Config{ReplicaID: "replica-b", Lock: config.Lock{RedisURL: d.rd.URL, RedisMode: "single",
+		KeyPrefix: d.rd.Prefix, WaitTime: time.Second}}, slog.New(slog.DiscardHandler), nil)
 	require.NoError(t, err)
 	defer other.Close()
 	held, err := other.Acquire(context.Background(), replenish.Key, 0)

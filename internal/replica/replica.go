@@ -155,7 +155,7 @@ func New(rc Config) *Replica {
 	}
 	r := &Replica{rc: rc, cfg: rc.Config, log: log}
 	if rc.Kinds != nil {
-		r.names = topics.New(rc.Config.KafkaTopicPrefix, rc.Kinds.Topics()...)
+		r.names = topics.New(rc.Config.Kafka.TopicPrefix, rc.Kinds.Topics()...)
 	}
 	return r
 }
@@ -264,7 +264,7 @@ func (r *Replica) Start(ctx context.Context) error {
 			return &StartError{Step: "kinds", Code: job.ExitFailed, Err: err}
 		}
 		r.rc.Kinds = reg
-		r.names = topics.New(r.cfg.KafkaTopicPrefix, reg.Topics()...)
+		r.names = topics.New(r.cfg.Kafka.TopicPrefix, reg.Topics()...)
 	}
 	r.reg = prometheus.NewRegistry()
 	r.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -306,7 +306,7 @@ func (r *Replica) Stop() {
 func (r *Replica) startPostgres(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, StartupTimeout)
 	defer cancel()
-	pool, err := postgres.Connect(ctx, r.cfg.DatabaseURL, int32(r.cfg.BillrunWorkers+8),
+	pool, err := postgres.Connect(ctx, r.cfg.DatabaseURL, int32(r.cfg.Billrun.Workers+8),
 		postgres.WithTracer(r.rc.Telemetry.PgxTracer()))
 	if err != nil {
 		return failed(job.ExitUnavailable, err)
@@ -392,7 +392,7 @@ func (r *Replica) startEvents(ctx context.Context) error {
 		return err
 	}
 	sink, err := eventsink.New(eventsink.Config{
-		Brokers: r.cfg.KafkaBrokers, Topic: r.names.Events, Log: r.log,
+		Brokers: r.cfg.Kafka.Brokers, Topic: r.names.Events, Log: r.log,
 		Metrics:    eventsink.NewMetrics(r.reg),
 		ClientOpts: append(opts, r.rc.Telemetry.Kafka("").Opts()...),
 	})
@@ -428,8 +428,8 @@ func (r *Replica) kafkaOpts(opts ...kgo.Opt) ([]kgo.Opt, error) {
 // kafkaconn's: every Kafka client of the replica and of the CLI dials with
 // them.
 func KafkaConn(cfg config.Config) kafkaconn.Config {
-	return kafkaconn.Config{TLS: cfg.KafkaTLSEnabled(), TLSFiles: cfg.KafkaTLSFiles(),
-		SASLMechanism: cfg.KafkaSASLMechanism, SASLUsername: cfg.KafkaSASLUsername, SASLPassword: cfg.KafkaSASLPassword}
+	return kafkaconn.Config{TLS: cfg.Kafka.TLSEnabled(), TLSFiles: cfg.Kafka.TLSFiles(),
+		SASLMechanism: cfg.Kafka.SASLMechanism, SASLUsername: cfg.Kafka.SASLUsername, SASLPassword: cfg.Kafka.SASLPassword}
 }
 
 // startTopics creates the deployment's topics when allowed. Missing topics
@@ -440,17 +440,17 @@ func (r *Replica) startTopics(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	adm, err := topics.Dial(r.cfg.KafkaBrokers, opts...)
+	adm, err := topics.Dial(r.cfg.Kafka.Brokers, opts...)
 	if err != nil {
 		return err
 	}
 	r.adm = adm
 	ctx, cancel := context.WithTimeout(ctx, StartupTimeout)
 	defer cancel()
-	if err := topics.Ensure(ctx, adm, r.names, r.cfg.KafkaCreateTopics); kafkaconn.Fatal(err) {
+	if err := topics.Ensure(ctx, adm, r.names, r.cfg.Kafka.CreateTopics); kafkaconn.Fatal(err) {
 		return failed(job.ExitUnavailable, kafkaconn.Classify(err))
 	} else if err != nil {
-		r.log.Error("topics_not_ready", "create", r.cfg.KafkaCreateTopics, "error", err)
+		r.log.Error("topics_not_ready", "create", r.cfg.Kafka.CreateTopics, "error", err)
 	}
 	return nil
 }
@@ -468,7 +468,7 @@ func (r *Replica) startRunner(context.Context) error {
 	}
 	r.runner, r.tm = runner, trigger.NewMetrics(r.reg)
 	r.disp = trigger.NewDispatcher(trigger.DispatcherConfig{Runner: runner, Log: r.log, Metrics: r.tm,
-		MaxRunsInFlight: r.cfg.MaxRunsInFlight})
+		MaxRunsInFlight: r.cfg.HTTP.MaxRunsInFlight})
 	return nil
 }
 
@@ -493,7 +493,7 @@ func (r *Replica) startHTTP(ctx context.Context) error {
 		inspector = in
 	}
 	api, err := httpapi.New(httpapi.Config{
-		Replica: r.cfg.ReplicaID, Tokens: r.cfg.AdminTokenSet(), Kinds: r.rc.Kinds, Dispatcher: r.disp,
+		Replica: r.cfg.ReplicaID, Tokens: r.cfg.HTTP.AdminTokenSet(), Kinds: r.rc.Kinds, Dispatcher: r.disp,
 		Locks: inspector, Health: r.health,
 		Metrics: promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg}),
 		Log:     r.log, Registerer: r.reg,
@@ -504,7 +504,7 @@ func (r *Replica) startHTTP(ctx context.Context) error {
 	// Not ready until the last component (admission) started.
 	api.SetNotReady(httpapi.ConditionStarting, "the replica is starting")
 	r.api = api
-	srv := httpapi.NewServer(r.cfg.HTTPAddr, r.rc.Telemetry.HTTPHandler(api), r.log)
+	srv := httpapi.NewServer(r.cfg.HTTP.Addr, r.rc.Telemetry.HTTPHandler(api), r.log)
 	if err := srv.Start(ctx); err != nil {
 		return failed(job.ExitUnavailable, err)
 	}
@@ -514,7 +514,7 @@ func (r *Replica) startHTTP(ctx context.Context) error {
 
 func (r *Replica) startCron(ctx context.Context) error {
 	cr, err := trigger.NewCron(trigger.CronConfig{Replica: r.cfg.ReplicaID, Log: r.log, Metrics: r.tm,
-		Jitter: r.cfg.CronJitter, CatchUpWindow: r.cfg.CronCatchUpWindow}, r.disp.CronJobs()...)
+		Jitter: r.cfg.Cron.Jitter, CatchUpWindow: r.cfg.Cron.CatchUpWindow}, r.disp.CronJobs()...)
 	if err != nil {
 		return failed(job.ExitUsage, err)
 	}
@@ -533,8 +533,8 @@ func (r *Replica) startResumer(ctx context.Context) error {
 		inspector = in
 	}
 	disp := r.disp
-	res, err := owned.NewResumer(owned.ResumerConfig{Runner: r.runner, Interval: r.cfg.ResumeInterval,
-		MaxAttempts: r.cfg.ResumeMaxAttempts, RepublishAfter: r.cfg.EventsRepublishAfter, Locks: inspector, Log: r.log, Registerer: r.reg,
+	res, err := owned.NewResumer(owned.ResumerConfig{Runner: r.runner, Interval: r.cfg.Resume.Interval,
+		MaxAttempts: r.cfg.Resume.MaxAttempts, RepublishAfter: r.cfg.Resume.RepublishAfter, Locks: inspector, Log: r.log, Registerer: r.reg,
 		Run: func(ctx context.Context, k owned.Kind, p owned.Params, t job.Trigger) job.Result {
 			res, _ := disp.Run(ctx, k, p, t)
 			return res
@@ -559,12 +559,12 @@ func sessionOpts(session time.Duration) []kgo.Opt {
 }
 
 func (r *Replica) startConsumer(ctx context.Context) error {
-	opts, err := r.kafkaOpts(sessionOpts(r.cfg.KafkaSessionTimeout)...)
+	opts, err := r.kafkaOpts(sessionOpts(r.cfg.Kafka.SessionTimeout)...)
 	if err != nil {
 		return err
 	}
-	kcfg := trigger.KafkaConfig{Brokers: r.cfg.KafkaBrokers, Group: r.cfg.KafkaGroup, Kinds: r.rc.Kinds, Topics: r.names,
-		Replica: r.cfg.ReplicaID, DrainTimeout: r.cfg.ShutdownTimeout, MaxDecompressBatchBytes: r.cfg.KafkaMaxDecompressedBatchBytes, ClientOpts: opts, Tracing: r.rc.Telemetry.Kafka(r.cfg.KafkaGroup)}
+	kcfg := trigger.KafkaConfig{Brokers: r.cfg.Kafka.Brokers, Group: r.cfg.Kafka.Group, Kinds: r.rc.Kinds, Topics: r.names,
+		Replica: r.cfg.ReplicaID, DrainTimeout: r.cfg.ShutdownTimeout, MaxDecompressBatchBytes: r.cfg.Kafka.MaxDecompressedBatchBytes, ClientOpts: opts, Tracing: r.rc.Telemetry.Kafka(r.cfg.Kafka.Group)}
 	consumer, err := trigger.NewKafkaConsumer(kcfg, r.disp, r.emit, r.log, r.tm)
 	if err != nil {
 		return err
@@ -578,8 +578,8 @@ func (r *Replica) startConsumer(ctx context.Context) error {
 
 func (r *Replica) logStarted() {
 	cfg := r.cfg
-	lockMode := cfg.LockRedisMode
-	if !cfg.LockEnabled {
+	lockMode := cfg.Lock.RedisMode
+	if !cfg.Lock.Enabled {
 		lockMode = "memory (single replica)"
 	}
 	var schedules []string
@@ -589,31 +589,31 @@ func (r *Replica) logStarted() {
 	r.log.Info("coordinator_started",
 		"version", r.rc.Version,
 		"http_addr", r.http.Addr().String(),
-		"kafka_brokers", strings.Join(cfg.KafkaBrokers, ","),
+		"kafka_brokers", strings.Join(cfg.Kafka.Brokers, ","),
 		"kafka_transport", kafkaconn.Describe(KafkaConn(cfg)),
-		"kafka_group", cfg.KafkaGroup,
+		"kafka_group", cfg.Kafka.Group,
 		"kinds", strings.Join(r.rc.Kinds.Commands(), ","),
 		"trigger_topics", strings.Join(r.names.Triggers(), ","),
 		"events_topic", r.names.Events,
 		"lock_mode", lockMode,
-		"lock_key_prefix", cfg.LockKeyPrefix,
-		"lock_watchdog_timeout", cfg.LockWatchdogTimeout,
+		"lock_key_prefix", cfg.Lock.KeyPrefix,
+		"lock_watchdog_timeout", cfg.Lock.WatchdogTimeout,
 		"schedules", strings.Join(schedules, "; "),
-		"admin_api", len(cfg.AdminTokenSet()) > 0,
+		"admin_api", len(cfg.HTTP.AdminTokenSet()) > 0,
 		"admin_tokens", strings.Join(tokenNames(cfg), ","),
-		"max_runs_in_flight", cfg.MaxRunsInFlight,
+		"max_runs_in_flight", cfg.HTTP.MaxRunsInFlight,
 		"tracing", r.rc.Telemetry.Exporter(),
 		"progress_interval", cfg.ProgressInterval,
-		"resume_interval", cfg.ResumeInterval,
-		"events_republish_after", cfg.EventsRepublishAfter,
-		"kafka_session_timeout", cfg.KafkaSessionTimeout,
+		"resume_interval", cfg.Resume.Interval,
+		"events_republish_after", cfg.Resume.RepublishAfter,
+		"kafka_session_timeout", cfg.Kafka.SessionTimeout,
 	)
 }
 
 // tokenNames are the admin tokens' names and scopes (never the tokens).
 func tokenNames(cfg config.Config) []string {
 	var out []string
-	for _, t := range cfg.AdminTokenSet() {
+	for _, t := range cfg.HTTP.AdminTokenSet() {
 		out = append(out, t.String())
 	}
 	return out
@@ -623,7 +623,7 @@ func tokenNames(cfg config.Config) []string {
 // postgres, and kafka with the deployment's topics.
 func (r *Replica) dependencyChecks() []health.Check {
 	var checks []health.Check
-	if p, ok := r.locker.(interface{ Ping(context.Context) error }); ok && r.cfg.LockEnabled {
+	if p, ok := r.locker.(interface{ Ping(context.Context) error }); ok && r.cfg.Lock.Enabled {
 		checks = append(checks, health.Check{Name: "redis", Check: p.Ping})
 	}
 	pool, adm, names := r.pool, r.adm, r.names
