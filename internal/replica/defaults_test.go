@@ -59,7 +59,7 @@ func TestDocumentedDefaultsAreThePackagesDefaults(t *testing.T) {
 		"COORDINATOR_REAPER_SCHEDULE":        {cfg.Reaper.Schedule, "@every 30s"},                 // the contract's (docs/contract.md)
 		"COORDINATOR_KAFKA_GROUP":            {cfg.Kafka.Group, "coordinator"},                    // the contract's
 		"COORDINATOR_CRON_CATCHUP_WINDOW":    {cfg.Cron.CatchUpWindow.String(), "6h0m0s"},         // trigger.CronConfig: 0 (off) for a library user
-		"COORDINATOR_MAX_RUNS_IN_FLIGHT":     {cfg.HTTP.MaxRunsInFlight, 8},                           // trigger.DispatcherConfig: 0 (no cap) for a library user
+		"COORDINATOR_MAX_RUNS_IN_FLIGHT":     {cfg.HTTP.MaxRunsInFlight, 8},                       // trigger.DispatcherConfig: 0 (no cap) for a library user
 		"COORDINATOR_SHUTDOWN_TIMEOUT":       {cfg.ShutdownTimeout.String(), "30s"},
 		"COORDINATOR_LOG_LEVEL":              {cfg.Log.Level, "info"},
 		"COORDINATOR_LOG_FORMAT":             {cfg.Log.Format, "text"},
