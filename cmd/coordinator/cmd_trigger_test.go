@@ -1,11 +1,9 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,24 +18,6 @@ import (
 	"github.com/telco-platform/coordinator/internal/testenv"
 	"github.com/telco-platform/coordinator/internal/topics"
 )
-
-// syncBuffer is a bytes.Buffer safe for a command writing while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func kafkaCLI(t *testing.T) (map[string]string, topics.Names) {
 	t.Helper()
@@ -61,7 +41,7 @@ func kafkaCLI(t *testing.T) (map[string]string, topics.Names) {
 
 func TestTriggerBadPeriodExits64(t *testing.T) {
 	t.Parallel()
-	var out, errb syncBuffer
+	var out, errb testenv.Buffer
 	code := dispatch(context.Background(), cliIO{stdout: &out, stderr: &errb, getenv: func(string) string { return "" }},
 		[]string{"trigger", "billrun", "--period", "2026-13"})
 	require.Equal(t, job.ExitUsage, code)
@@ -76,11 +56,11 @@ func TestTriggerBadPeriodExits64(t *testing.T) {
 func TestTriggerProducesAndWatchPrintsEvents(t *testing.T) {
 	t.Parallel()
 	env, names := kafkaCLI(t)
-	cio := func(out, errb *syncBuffer) cliIO {
+	cio := func(out, errb *testenv.Buffer) cliIO {
 		return cliIO{stdout: out, stderr: errb, getenv: func(k string) string { return env[k] }}
 	}
 
-	var out, errb syncBuffer
+	var out, errb testenv.Buffer
 	code := dispatch(context.Background(), cio(&out, &errb), []string{"trigger", "billrun", "--period", "2026-11", "--request-id", "cli-1"})
 	require.Equal(t, 0, code, errb.String())
 	var p produced
@@ -101,7 +81,7 @@ func TestTriggerProducesAndWatchPrintsEvents(t *testing.T) {
 	sink.Stop()
 
 	for _, asJSON := range []bool{false, true} {
-		var wout, werr syncBuffer
+		var wout, werr testenv.Buffer
 		args := []string{"watch", "--from-beginning"}
 		if asJSON {
 			args = append(args, "--json")

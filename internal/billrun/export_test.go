@@ -2,9 +2,7 @@ package billrun
 
 import (
 	"context"
-	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -25,16 +23,6 @@ func RecordTotal(ctx context.Context, db interface {
 }, p Period, fence, batches int64) error {
 	_, err := db.Exec(ctx, sqlRecordTotal, p.String(), fence, batches)
 	return err
-}
-
-// CountToPlan runs the progress total's estimate (sqlCountToPlan) for
-// period p, its instants and cutoff, under claim fence.
-func CountToPlan(ctx context.Context, db interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-}, p Period, start, end, cutoff time.Time, fence int64) (int64, error) {
-	var n int64
-	err := db.QueryRow(ctx, sqlCountToPlan, p.String(), start, end, cutoff, fence).Scan(&n)
-	return n, err
 }
 
 // Incomplete is what the Worker lists for the resumer.

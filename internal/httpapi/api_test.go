@@ -28,6 +28,7 @@ import (
 	"github.com/telco-platform/coordinator/internal/msisdnreaper"
 	"github.com/telco-platform/coordinator/internal/owned"
 	"github.com/telco-platform/coordinator/internal/ownership"
+	"github.com/telco-platform/coordinator/internal/testenv"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -155,25 +156,7 @@ type bundle struct {
 	api  *httpapi.API
 	disp *fakeDispatcher
 	reg  *prometheus.Registry
-	logs *syncBuffer
-}
-
-// syncBuffer collects the API's JSON log lines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	logs *testenv.Buffer
 }
 
 // Further test tokens with one scope each.
@@ -200,7 +183,7 @@ func setup(t *testing.T, mod func(*httpapi.Config)) bundle {
 		"2026-05": job.OutcomeFailed, // on the caller's input (BadInput)
 	}}
 	reg := prometheus.NewRegistry()
-	logs := &syncBuffer{}
+	logs := &testenv.Buffer{}
 	cfg := httpapi.Config{
 		Replica:    "r1",
 		Tokens:     testTokens(),

@@ -1,11 +1,9 @@
 package trigger_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -23,30 +21,12 @@ import (
 	"github.com/telco-platform/coordinator/internal/trigger"
 )
 
-// syncBuffer is a log sink safe for the cron's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // A tick that panics is recovered, logged with its stack and counted; the
 // replica (here: the test binary) survives and the next tick runs. Before,
 // robfig/cron's default chain had no Recover and the panic ended the process.
 func TestCronRecoversAPanickingTick(t *testing.T) {
 	t.Parallel()
-	var logs syncBuffer
+	var logs testenv.Buffer
 	reg := prometheus.NewRegistry()
 	var calls atomic.Int32
 	next := make(chan struct{}, 10)
@@ -168,7 +148,7 @@ func TestCronCatchesUpAMissedBillRunTickOnce(t *testing.T) {
 // (COORDINATOR_CRON_JITTER); a job's own Jitter wins.
 func TestCronJitterDefaultsToTheConfiguredOne(t *testing.T) {
 	t.Parallel()
-	var logs syncBuffer
+	var logs testenv.Buffer
 	noop := func(context.Context, job.Trigger, time.Time) {}
 	c, err := trigger.NewCron(trigger.CronConfig{Log: slog.New(slog.NewJSONHandler(&logs, nil)), Jitter: 2 * time.Second},
 		trigger.CronJob{Name: "plain", Spec: "@every 1h", Run: noop},
