@@ -38,11 +38,16 @@ func openLocker(ctx context.Context, cfg config.Config, log *slog.Logger, reg pr
 	if err != nil {
 		return nil, err
 	}
+	layout, err := redislock.ParseLayout(cfg.Lock.Layout)
+	if err != nil {
+		return nil, fmt.Errorf("COORDINATOR_LOCK_LAYOUT: %w", err)
+	}
 	client := redis.NewUniversalClient(opts)
 	l, err := redislock.New(client, redislock.Config{
 		Prefix: cfg.Lock.KeyPrefix, Owner: cfg.ReplicaID, WaitTime: lockerWait(cfg.Lock.WaitTime),
 		WatchdogTimeout: cfg.Lock.WatchdogTimeout, Logger: log, Metrics: metrics,
 		WaitReplicas: cfg.Lock.WaitReplicas, ReplicaTimeout: cfg.Lock.WaitReplicasTimeout,
+		Layout: layout,
 	})
 	if err != nil {
 		_ = client.Close()

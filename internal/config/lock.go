@@ -31,6 +31,11 @@ type Lock struct {
 	RedisMode string
 	// KeyPrefix prefixes every Redis key. Default "coordinator".
 	KeyPrefix string
+	// Layout is how locks are laid out in Redis: LockLayoutCoordinator (the
+	// default) or LockLayoutRedisson (the lock of key K is Redisson's RLock
+	// named K; docs/lock.md "Mixed fleets with Redisson"). The wiring maps
+	// it onto the Redis adapter's option.
+	Layout string
 	// WaitTime bounds how long Acquire blocks. Default 5s.
 	WaitTime time.Duration
 	// WatchdogTimeout is the TTL of watchdog-managed leases. Default 30s.
@@ -42,6 +47,12 @@ type Lock struct {
 	// WaitReplicasTimeout bounds each WAIT. Default 200ms.
 	WaitReplicasTimeout time.Duration
 }
+
+// The values of COORDINATOR_LOCK_LAYOUT.
+const (
+	LockLayoutCoordinator = "coordinator"
+	LockLayoutRedisson    = "redisson"
+)
 
 // RedisTLSFiles are the Redis client's PEM files.
 func (l Lock) RedisTLSFiles() tlsfiles.Files {
@@ -66,6 +77,9 @@ func lockSettings() []setting {
 			func(c *Config) *time.Duration { return &c.Lock.WatchdogTimeout }).in(sectionContract, "TTL of watchdog-managed leases, renewed every third of it (min 300ms)"),
 		text("COORDINATOR_LOCK_KEY_PREFIX", "lock-key-prefix", "prefix", "prefix of every Redis key", "coordinator",
 			func(c *Config) *string { return &c.Lock.KeyPrefix }, checkPrefix).in(sectionFurther, "prefix of every Redis key: `coordinator:{billrun:2026-11}:lock`, `:fence`, `:queue`, `:tickets`, `:ended:F`, and of the wake channels `coordinator:wake:<Locker id>` ([lock.md](lock.md#keys-and-channels)); no braces or whitespace, glob characters are literal"),
+		enum("COORDINATOR_LOCK_LAYOUT", "lock-layout", "coordinator, or redisson: a key's lock is Redisson's RLock of the same name (mixed fleets)",
+			LockLayoutCoordinator, func(c *Config) *string { return &c.Lock.Layout }, LockLayoutCoordinator, LockLayoutRedisson).
+			in(sectionFurther, "how locks are laid out in Redis: `coordinator` (the lock of key K is `<prefix>:{K}:lock`), or `redisson`: the lock of K is the Redisson lock name K itself, so that Java services using Redisson's `RLock` on the same names and the coordinator exclude each other and wake each other's waiters ([lock.md](lock.md#mixed-fleets-with-redisson)); every replica of a fleet must use the same layout; any other value stops start-up (exit 64)"),
 		{env: "COORDINATOR_LOCK_REDIS_WAIT_REPLICAS", flag: "lock-redis-wait-replicas", typ: "auto|none|count",
 			usage: "replicas that must acknowledge an acquisition or renewal (WAIT): auto, none or a count", def: "auto",
 			section: sectionFurther, doc: "replicas that must acknowledge (Redis `WAIT`) an acquisition or renewal: `auto` (those the master reports online), `none`, or a count 1..16; fewer = the acquisition fails closed, the renewal does not count ([lock.md](lock.md#replicas-wait-and-failover))",

@@ -53,6 +53,7 @@ func TestDocumentedDefaultsAreThePackagesDefaults(t *testing.T) {
 		"COORDINATOR_PROGRESS_INTERVAL":      {cfg.ProgressInterval, owned.DefaultProgressInterval},
 		"COORDINATOR_KAFKA_SESSION_TIMEOUT":  {cfg.Kafka.SessionTimeout, config.DefaultKafkaSessionTimeout},
 		"COORDINATOR_CRON_JITTER":            {cfg.Cron.Jitter, trigger.CronConfig{}.Jitter},
+		"COORDINATOR_LOCK_LAYOUT":            {cfg.Lock.Layout, string(redislock.LayoutCoordinator)},
 		"COORDINATOR_LOCK_REDIS_MODE":        {cfg.Lock.RedisMode, redislock.ModeSingle},
 		"COORDINATOR_LOCK_REDIS_URL":         {cfg.Lock.RedisURL, "redis://127.0.0.1:6379/0"},     // go-redis' own default address
 		"COORDINATOR_KAFKA_BROKERS":          {fmt.Sprint(cfg.Kafka.Brokers), "[127.0.0.1:9092]"}, // franz-go's own default broker

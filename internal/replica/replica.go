@@ -597,6 +597,7 @@ func (r *Replica) logStarted() {
 		"events_topic", r.names.Events,
 		"lock_mode", lockMode,
 		"lock_key_prefix", cfg.Lock.KeyPrefix,
+		"lock_layout", cfg.Lock.Layout,
 		"lock_watchdog_timeout", cfg.Lock.WatchdogTimeout,
 		"schedules", strings.Join(schedules, "; "),
 		"admin_api", len(cfg.HTTP.AdminTokenSet()) > 0,
