@@ -49,6 +49,8 @@ type Config struct {
 	Cron Cron
 	// Resume is the resumer of runs that did not complete.
 	Resume Resume
+	// Console is the operator console under /ui/ (COORDINATOR_CONSOLE_*).
+	Console Console
 	// Log is the process's log output.
 	Log Log
 }

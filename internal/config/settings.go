@@ -67,7 +67,7 @@ const (
 // settings is every setting, in the order of -h: the process's, then each
 // group's.
 func settings() []setting {
-	return slices.Concat(processSettings(), lockSettings(), kafkaSettings(), httpSettings(), runSettings(), logSettings())
+	return slices.Concat(processSettings(), lockSettings(), kafkaSettings(), httpSettings(), runSettings(), consoleSettings(), logSettings())
 }
 
 // Setting is one setting as -h and docs/configuration.md show it.

@@ -39,6 +39,7 @@ type Runner struct {
 	progress ProgressReporter
 	inFlight inFlight
 	requests *requests // nil: no database, nothing recorded for the resumer
+	history  RunHistory
 }
 
 // RunnerConfig configures the template of one process.
@@ -58,6 +59,9 @@ type RunnerConfig struct {
 	// ProgressInterval is how often ProgressLog logs a run in flight
 	// (COORDINATOR_PROGRESS_INTERVAL). Default DefaultProgressInterval.
 	ProgressInterval time.Duration
+	// History keeps a record of every run that held its lock (the
+	// console's run history). Nil: none kept.
+	History RunHistory
 }
 
 // NewRunner opens every registered kind with cfg.Deps (nothing is
@@ -73,7 +77,8 @@ func NewRunner(reg *Registry, cfg RunnerConfig) (*Runner, error) {
 		cfg.Emit = events.Multi{}
 	}
 	r := &Runner{reg: reg, workers: map[string]*worker{}, locker: cfg.Locker, emit: cfg.Emit,
-		log: cfg.Log, replica: cmp.Or(cfg.Replica, cfg.Locker.Owner()), progress: cfg.Progress, tracer: cfg.Tracer}
+		log: cfg.Log, replica: cmp.Or(cfg.Replica, cfg.Locker.Owner()), progress: cfg.Progress, tracer: cfg.Tracer,
+		history: cfg.History}
 	if r.progress == nil {
 		r.progress = ProgressLog(cmp.Or(cfg.ProgressInterval, DefaultProgressInterval))
 	}
@@ -93,6 +98,9 @@ func NewRunner(reg *Registry, cfg RunnerConfig) (*Runner, error) {
 	}
 	return r, nil
 }
+
+// InFlight is the progress of the runs this Runner is executing now.
+func (r *Runner) InFlight() []Progress { return r.inFlight.snapshot() }
 
 // Registry is the kinds this Runner runs.
 func (r *Runner) Registry() *Registry { return r.reg }
@@ -487,6 +495,7 @@ func (o *Owned) end(outcome job.Outcome) job.Result {
 	took := time.Since(o.start)
 	o.res.DurationMS = took.Milliseconds()
 	o.r.m.ended(o.run.job, outcome, took)
+	o.recordHistory()
 	if o.worker != nil && o.worker.observe != nil {
 		o.worker.observe(o.res)
 	}
