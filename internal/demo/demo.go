@@ -23,6 +23,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -166,15 +167,15 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err != nil {
 		return err
 	}
-	cleanups = append(cleanups, func() { pg.stop(os.Interrupt, 15*time.Second) })
-	step("postgres   %s (throwaway cluster from %s, pid %d)", strings.TrimSuffix(strings.TrimPrefix(dsn, "postgres://postgres@"), "/postgres?sslmode=disable"), cfg.Binaries.PGBinDir, pg.cmd.Process.Pid)
+	cleanups = append(cleanups, func() { _ = pg.Stop(syscall.SIGINT, 15*time.Second) })
+	step("postgres   %s (throwaway cluster from %s, pid %d)", strings.TrimSuffix(strings.TrimPrefix(dsn, "postgres://postgres@"), "/postgres?sslmode=disable"), cfg.Binaries.PGBinDir, pg.PID())
 
-	rd, redisURL, err := startRedis(ctx, cfg.Binaries.RedisServer, tmp+"/redis")
+	rd, redisURL, err := startRedis(cfg.Binaries.RedisServer, tmp+"/redis")
 	if err != nil {
 		return err
 	}
-	cleanups = append(cleanups, func() { rd.stop(os.Interrupt, 10*time.Second) })
-	step("redis      %s (%s, pid %d)", strings.TrimPrefix(redisURL, "redis://"), cfg.Binaries.RedisServer, rd.cmd.Process.Pid)
+	cleanups = append(cleanups, func() { _ = rd.Stop(syscall.SIGINT, 10*time.Second) })
+	step("redis      %s (%s, pid %d)", strings.TrimPrefix(redisURL, "redis://"), cfg.Binaries.RedisServer, rd.PID())
 
 	reg, err := kinds.Config{}.Registry() // the kinds' topics
 	if err != nil {
@@ -353,7 +354,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	fmt.Fprintf(out, "\nOK: one owner, one run, every other trigger told who owns it.\n")
 	fmt.Fprintf(out, "Stopping redis-server (pid %d), postgres (pid %d) and the in-process Kafka; removing %s.\n",
-		rd.cmd.Process.Pid, pg.cmd.Process.Pid, tmp)
+		rd.PID(), pg.PID(), tmp)
 	return nil
 }
 
