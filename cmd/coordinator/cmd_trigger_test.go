@@ -143,3 +143,26 @@ func TestHelpExitsZeroEverywhere(t *testing.T) {
 	require.Equal(t, job.ExitUsage, code)
 	require.Contains(t, errs, `unknown kind "nope"`)
 }
+
+// Integer flags are base 10 only: `--count 010` added 8 numbers (Go's
+// flag.Int64 reads a leading zero as octal), `--workers 010` ran 8 workers,
+// `0x10` was 16. Each is refused with exit 64 naming the flag, before
+// anything is contacted.
+func TestIntegerFlagsRefuseOtherBases(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"run", "replenish", "--first", "447200000000", "--count", "010"},
+		{"trigger", "replenish", "--first", "447200000000", "--count", "0x10"},
+		{"run", "reaper", "--workers", "010"},
+		{"run", "reaper", "--workers", "0b11"},
+		{"seed", "--subscribers", "010"},
+		{"run", "billrun", "--period", "2026-01", "--billrun-workers", "010"},
+	} {
+		var out, errb testenv.Buffer
+		code := dispatch(context.Background(), cliIO{stdout: &out, stderr: &errb, getenv: func(string) string { return "" }}, args)
+		require.Equal(t, job.ExitUsage, code, "%v: %s", args, errb.String())
+		flagName := args[len(args)-2]
+		require.Contains(t, errb.String(), flagName[1:], "%v names the flag: %s", args, errb.String())
+		require.Empty(t, out.String(), "%v", args)
+	}
+}

@@ -176,6 +176,12 @@ func newFlagSet(cio cliIO, name, synopsis string) *flag.FlagSet {
 func printFlags(w io.Writer, flags []*flag.Flag) {
 	for _, f := range flags {
 		typ, usage := flag.UnquoteUsage(f)
+		if g, ok := f.Value.(flag.Getter); ok && typ == "value" { // a flag type of ours (base10)
+			switch g.Get().(type) {
+			case int, int64:
+				typ = "int"
+			}
+		}
 		line := "  -" + f.Name
 		if typ != "" {
 			line += " " + typ

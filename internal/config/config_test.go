@@ -111,6 +111,13 @@ func TestInvalidValuesNameTheVariable(t *testing.T) {
 		{"COORDINATOR_CRON_CATCHUP_WINDOW", "-1h"},
 		{"COORDINATOR_CRON_CATCHUP_WINDOW", "800h"},
 		{"COORDINATOR_CRON_JITTER", "1h"},
+		// Integers are base 10 only: 010 was read as 10 here, and as 8 by
+		// Go's flag.Int.
+		{"COORDINATOR_BILLRUN_WORKERS", "010"},
+		{"COORDINATOR_REAPER_BATCH_SIZE", "0x10"},
+		{"COORDINATOR_MAX_RUNS_IN_FLIGHT", "0b11"},
+		{"COORDINATOR_KAFKA_MAX_DECOMPRESSED_BATCH_BYTES", "010485760"},
+		{"COORDINATOR_LOCK_REDIS_WAIT_REPLICAS", "02"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.variable, func(t *testing.T) {
@@ -429,4 +436,19 @@ func TestHelpShowsEachSettingsType(t *testing.T) {
 		typ, _ := flag.UnquoteUsage(fs.Lookup(name))
 		require.Equal(t, want, typ, name)
 	}
+}
+
+// A flag's integer is read like its variable's: base 10 only, and the
+// error names the variable and the flag.
+func TestIntegerFlagsAreBase10(t *testing.T) {
+	t.Parallel()
+	_, _, err := config.Load("serve", []string{"--billrun-workers", "010"}, env(nil))
+	var cerr *config.Error
+	require.ErrorAs(t, err, &cerr)
+	require.Equal(t, "COORDINATOR_BILLRUN_WORKERS", cerr.Variable)
+	require.Equal(t, "billrun-workers", cerr.Flag)
+	require.ErrorContains(t, err, "base-10")
+	c, _, err := config.Load("serve", []string{"--billrun-workers", "10"}, env(nil))
+	require.NoError(t, err)
+	require.Equal(t, 10, c.Billrun.Workers)
 }

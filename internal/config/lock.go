@@ -2,10 +2,10 @@ package config
 
 import (
 	"errors"
-	"strconv"
 	"strings"
 	"time"
 
+	"github.com/telco-platform/coordinator/internal/base10"
 	"github.com/telco-platform/coordinator/internal/redact"
 	"github.com/telco-platform/coordinator/internal/tlsfiles"
 )
@@ -157,9 +157,9 @@ func waitReplicas(v string) (int, error) {
 	case "none":
 		return -1, nil
 	}
-	n, err := strconv.Atoi(v)
+	n, err := base10.Parse(v)
 	if err != nil || n < 1 || n > 16 {
-		return 0, errors.New("must be auto, none or a count from 1 to 16")
+		return 0, errors.New("must be auto, none or a count from 1 to 16 (base 10)")
 	}
-	return n, nil
+	return int(n), nil
 }

@@ -7,9 +7,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
 	"strings"
 	"time"
+
+	"github.com/telco-platform/coordinator/internal/base10"
 )
 
 // maxSecretFileBytes bounds what a *_FILE variable may point at.
@@ -190,16 +191,17 @@ func short(d time.Duration) string {
 	return s
 }
 
-// intBetween parses an integer in [lo, hi].
+// intBetween parses a base-10 integer (base10: no leading zero or 0x
+// prefix) in [lo, hi].
 func intBetween(v string, lo, hi int) (int, error) {
-	n, err := strconv.Atoi(v)
+	n, err := base10.Parse(v)
 	if err != nil {
-		return 0, errors.New("not an integer")
+		return 0, err
 	}
-	if n < lo || n > hi {
+	if n < int64(lo) || n > int64(hi) {
 		return 0, fmt.Errorf("must be between %d and %d", lo, hi)
 	}
-	return n, nil
+	return int(n), nil
 }
 
 func oneOf(v string, allowed ...string) error {

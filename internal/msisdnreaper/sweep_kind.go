@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/telco-platform/coordinator/internal/base10"
 	"github.com/telco-platform/coordinator/internal/cronspec"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
@@ -140,7 +141,7 @@ func NewSweepKind(cfg Config) owned.Kind {
 		Decode: decodeSweep,
 		Encode: func(sweepParams) ([]byte, map[string]any) { return nil, map[string]any{} },
 		Flags: func(fs *flag.FlagSet) func([]string) (map[string]any, error) {
-			workers := fs.Int("workers", DefaultWorkers, fmt.Sprintf("concurrent batch transactions (1..%d)", MaxWorkers))
+			workers := base10.Int(fs, "workers", DefaultWorkers, fmt.Sprintf("concurrent batch transactions (1..%d)", MaxWorkers))
 			return func(args []string) (map[string]any, error) {
 				if len(args) > 0 {
 					return nil, job.BadInput("unexpected arguments %q", args)

@@ -37,6 +37,7 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/telco-platform/coordinator/internal/base10"
 	"github.com/telco-platform/coordinator/internal/msisdnreaper"
 	"github.com/telco-platform/coordinator/internal/owned"
 )
@@ -163,7 +164,7 @@ func last(first string, count int64) (string, error) {
 // trigger's fields (decode judges them).
 func flags(fs *flag.FlagSet) func([]string) (map[string]any, error) {
 	first := fs.String("first", "", "first number of the range (8 to 15 digits; leading zeros are kept)")
-	count := fs.Int64("count", 0, "how many numbers from --first on")
+	count := base10.Int64(fs, "count", 0, "how many numbers from --first on")
 	return func(args []string) (map[string]any, error) {
 		fields := map[string]any{}
 		set := map[string]bool{}

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/telco-platform/coordinator/internal/base10"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
 )
@@ -69,7 +70,7 @@ func (w *Widget) Kind() owned.Kind {
 				return []byte(fmt.Sprint(p.N)), map[string]any{"n": p.N}
 			},
 			Flags: func(fs *flag.FlagSet) func([]string) (map[string]any, error) {
-				n := fs.Int("n", 1, "which widget")
+				n := base10.Int(fs, "n", 1, "which widget")
 				return func(args []string) (map[string]any, error) {
 					if len(args) > 0 {
 						return nil, job.BadInput("want --n N, got arguments %q", args)
