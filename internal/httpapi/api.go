@@ -463,14 +463,20 @@ func (a *API) getHealth(w http.ResponseWriter, _ *http.Request) {
 }
 
 // readBody reads the body under the size limit. It writes the problem and
-// returns false when the body is too large, of the wrong type or unreadable.
+// returns false when the body is too large, unreadable, or not declared
+// JSON: a body needs a Content-Type of application/json (or +json); an
+// empty body needs none.
 func (a *API) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
-	if ct := r.Header.Get("Content-Type"); ct != "" {
+	ct := r.Header.Get("Content-Type")
+	notJSON := func() ([]byte, bool) {
+		writeProblem(w, r, newProblem(http.StatusUnsupportedMediaType, CodeUnsupportedMediaType,
+			"send the body as application/json (with that Content-Type)"), 0)
+		return nil, false
+	}
+	if ct != "" {
 		mt, _, err := mime.ParseMediaType(ct)
 		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
-			writeProblem(w, r, newProblem(http.StatusUnsupportedMediaType, CodeUnsupportedMediaType,
-				"send the body as application/json"), 0)
-			return nil, false
+			return notJSON()
 		}
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, a.cfg.MaxBodyBytes))
@@ -483,6 +489,9 @@ func (a *API) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 		}
 		writeProblem(w, r, newProblem(http.StatusBadRequest, CodeBadInput, "could not read the request body"), 0)
 		return nil, false
+	}
+	if ct == "" && len(body) > 0 {
+		return notJSON()
 	}
 	return body, true
 }

@@ -217,6 +217,9 @@ func (b bundle) do(t *testing.T, method, path, body string, hdr ...string) reply
 	}
 	req := httptest.NewRequest(method, path, rd)
 	req.Header.Set("Authorization", "Bearer "+token)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json") // as every client must
+	}
 	for i := 0; i+1 < len(hdr); i += 2 {
 		if hdr[i+1] == "" {
 			req.Header.Del(hdr[i])
@@ -477,6 +480,15 @@ func TestPostBillRun(t *testing.T) {
 		r := b.do(t, "POST", "/v1/billruns", `period=2026-11`, "Content-Type", "application/x-www-form-urlencoded")
 		require.Equal(t, http.StatusUnsupportedMediaType, r.code)
 		require.Equal(t, httpapi.CodeUnsupportedMediaType, r.problem.Code)
+	})
+	// A body is JSON and says so: without a Content-Type it was taken as
+	// JSON (the contract says 415). An empty body needs none.
+	t.Run("a body without a content type", func(t *testing.T) {
+		r := b.do(t, "POST", "/v1/billruns", `{"period":"2026-11"}`, "Content-Type", "")
+		require.Equal(t, http.StatusUnsupportedMediaType, r.code, string(r.body))
+		require.Equal(t, httpapi.CodeUnsupportedMediaType, r.problem.Code)
+		require.Contains(t, r.problem.Detail, "application/json")
+		require.Equal(t, http.StatusOK, b.do(t, "POST", "/v1/msisdn-reaper/sweeps", "").code, "an empty body")
 	})
 	t.Run("dispatcher refusal is a 503", func(t *testing.T) {
 		nb := setup(t, nil)
