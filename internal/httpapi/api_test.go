@@ -453,6 +453,10 @@ func TestPostBillRun(t *testing.T) {
 		{"trailing data", `{"period":"2026-11"} {}`, http.StatusBadRequest, httpapi.CodeBadInput, "", "", ""},
 		{"not an object", `["2026-11"]`, http.StatusBadRequest, httpapi.CodeBadInput, "", "", ""},
 		{"period not a string", `{"period":202611}`, http.StatusBadRequest, httpapi.CodeBadInput, "malformed_json", "", ""},
+		// A member given twice was decoded last-wins: which one a reader
+		// keeps is not defined by JSON, so neither is taken.
+		{"duplicate member", `{"period":"2026-11","period":"2026-10"}`, http.StatusBadRequest, httpapi.CodeBadInput, "duplicate_key", "", ""},
+		{"duplicate envelope member", `{"period":"2026-11","request_id":"a","request_id":"b"}`, http.StatusBadRequest, httpapi.CodeBadInput, "duplicate_key", "", ""},
 		{"bad request_id", `{"period":"2026-11","request_id":"a b"}`, http.StatusBadRequest, httpapi.CodeBadInput, "", "", ""},
 		{"too large", `{"period":"2026-11","requested_by":"` + strings.Repeat("x", 70<<10) + `"}`, http.StatusRequestEntityTooLarge, httpapi.CodePayloadTooLarge, "", "", ""},
 	}

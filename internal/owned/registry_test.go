@@ -88,3 +88,17 @@ func TestInputDecode(t *testing.T) {
 	require.Equal(t, "x", owned.RejectionOf(job.BadInput("x")).Detail)
 	require.Equal(t, owned.ReasonMalformedJSON, owned.RejectionOf(errors.New("y")).Reason)
 }
+
+func TestRejectDuplicateKeys(t *testing.T) {
+	t.Parallel()
+	for _, ok := range []string{`{}`, `{"a":1,"b":{"a":1},"c":[{"a":1},{"a":2}]}`, `{"a":"a","b":["a","a"]}`, `[{"a":1},{"a":1}]`, `{"a":{"b":{"c":1}},"b":2}`, `not json`} {
+		require.NoError(t, owned.RejectDuplicateKeys([]byte(ok)), ok)
+	}
+	for value, key := range map[string]string{`{"a":1,"a":2}`: "a", `{"x":{"b":1,"b":2}}`: "b", `{"x":[{"c":1,"c":1}]}`: "c",
+		`{"a":[1,2],"a":3}`: "a", `{"a":{"z":1},"b":2,"a":3}`: "a"} {
+		err := owned.RejectDuplicateKeys([]byte(value))
+		require.Equal(t, owned.ReasonDuplicateKey, owned.RejectionOf(err).Reason, value)
+		require.ErrorContains(t, err, `"`+key+`"`, value)
+		require.ErrorIs(t, err, job.ErrBadInput)
+	}
+}
