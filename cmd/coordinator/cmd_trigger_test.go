@@ -166,3 +166,20 @@ func TestIntegerFlagsRefuseOtherBases(t *testing.T) {
 		require.Empty(t, out.String(), "%v", args)
 	}
 }
+
+// The commands read the configuration with the environment's own lookup,
+// so COORDINATOR_REAPER_SCHEDULE="" is off, not the default.
+func TestAnEmptyVariableReachesTheConfiguration(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"COORDINATOR_REAPER_SCHEDULE": ""}
+	var out, errb testenv.Buffer
+	cio := cliIO{stdout: &out, stderr: &errb, getenv: func(k string) string { return env[k] },
+		lookupEnv: func(k string) (string, bool) { v, ok := env[k]; return v, ok }}
+	cfg, _, code := loadConfig(cio, "serve", nil)
+	require.Zero(t, code, errb.String())
+	require.Empty(t, cfg.Reaper.Schedule)
+	cio.lookupEnv = nil
+	cfg, _, code = loadConfig(cio, "serve", nil)
+	require.Zero(t, code, errb.String())
+	require.Equal(t, "@every 30s", cfg.Reaper.Schedule, "without a lookup an empty variable is unset")
+}

@@ -48,6 +48,17 @@ type cliIO struct {
 	stdin          io.Reader
 	stdout, stderr io.Writer
 	getenv         func(string) string
+	// lookupEnv tells an empty variable from an unset one (os.LookupEnv);
+	// nil: an empty one is unset.
+	lookupEnv func(string) (string, bool)
+}
+
+// envOptions are the configuration's view of the process environment.
+func (c cliIO) envOptions() []config.Option {
+	if c.lookupEnv == nil {
+		return nil
+	}
+	return []config.Option{config.WithLookup(c.lookupEnv)}
 }
 
 var commands = map[string]command{}
@@ -60,7 +71,7 @@ func register(c command) {
 }
 
 func main() {
-	cio := cliIO{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}
+	cio := cliIO{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv, lookupEnv: os.LookupEnv}
 	if len(os.Args) > 1 && commands[os.Args[1]].ownsSignals {
 		os.Exit(dispatch(context.Background(), cio, os.Args[1:]))
 	}
@@ -100,7 +111,7 @@ func dispatch(ctx context.Context, cio cliIO, args []string) int {
 	if !c.ownHelp && wantsHelp(args[1:]) {
 		fs := newFlagSet(cio, c.name, c.summary)
 		fs.SetOutput(cio.stdout)
-		config.Bind(fs, cio.getenv)
+		config.Bind(fs, cio.getenv, cio.envOptions()...)
 		fs.Usage()
 		return job.ExitOK
 	}
@@ -202,7 +213,7 @@ func printFlags(w io.Writer, flags []*flag.Flag) {
 // code to use (64; exitHelp after -h); otherwise it returns the positional
 // arguments.
 func parseConfig(cio cliIO, fs *flag.FlagSet, args []string) (config.Config, []string, int) {
-	b := config.Bind(fs, cio.getenv)
+	b := config.Bind(fs, cio.getenv, cio.envOptions()...)
 	if wantsHelp(args) {
 		fs.SetOutput(cio.stdout)
 	}

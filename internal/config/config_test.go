@@ -452,3 +452,27 @@ func TestIntegerFlagsAreBase10(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 10, c.Billrun.Workers)
 }
+
+// lookup is an environment that tells an empty variable from an unset one.
+func lookup(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+// COORDINATOR_REAPER_SCHEDULE="" disables the reaper, as configuration.md
+// says; it used to be taken for unset, and the default @every 30s ran.
+// Unset is still the default, and other settings still take an empty
+// variable for unset.
+func TestAnEmptyReaperScheduleDisablesIt(t *testing.T) {
+	t.Parallel()
+	e := map[string]string{"COORDINATOR_REAPER_SCHEDULE": "", "COORDINATOR_LOCK_WAIT_TIME": ""}
+	c, _, err := config.Load("serve", nil, env(e), config.WithLookup(lookup(e)))
+	require.NoError(t, err)
+	require.Empty(t, c.Reaper.Schedule, "set, and empty: no reaper")
+	require.Equal(t, 5*time.Second, c.Lock.WaitTime, "an empty variable of another setting is unset")
+	c, _, err = config.Load("serve", nil, env(nil), config.WithLookup(lookup(nil)))
+	require.NoError(t, err)
+	require.Equal(t, "@every 30s", c.Reaper.Schedule, "unset: the default")
+	c, _, err = config.Load("serve", []string{"--reaper-schedule="}, env(nil), config.WithLookup(lookup(nil)))
+	require.NoError(t, err)
+	require.Empty(t, c.Reaper.Schedule, "the flag too")
+}

@@ -21,18 +21,39 @@ const maxSecretFileBytes = 64 << 10
 type Binding struct {
 	fs       *flag.FlagSet
 	getenv   func(string) string
+	lookup   func(string) (string, bool)
 	vals     []*string
 	fileVals []*string
+}
+
+// Option shapes Bind and Load.
+type Option func(*Binding)
+
+// WithLookup tells an empty variable from an unset one (os.LookupEnv): a
+// setting where empty means off (COORDINATOR_REAPER_SCHEDULE) is then off
+// when its variable is set and empty. Without it an empty variable is
+// unset, and takes the default.
+func WithLookup(lookup func(string) (string, bool)) Option {
+	return func(b *Binding) { b.lookup = lookup }
 }
 
 // Bind adds every configuration flag to fs, each with its type and its
 // default (as the environment leaves it; secrets are not shown) in -h.
 // After fs.Parse, call Config.
-func Bind(fs *flag.FlagSet, getenv func(string) string) *Binding {
+func Bind(fs *flag.FlagSet, getenv func(string) string, opts ...Option) *Binding {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
 	b := &Binding{fs: fs, getenv: getenv}
+	for _, o := range opts {
+		o(b)
+	}
+	if b.lookup == nil {
+		b.lookup = func(name string) (string, bool) {
+			v := getenv(name)
+			return v, v != ""
+		}
+	}
 	for _, s := range settings() {
 		v := &flagValue{bool: s.typ == "bool"}
 		if s.secret == public {
@@ -82,7 +103,8 @@ func (b *Binding) Config() (Config, error) {
 	b.fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	var c Config
 	for i, s := range settings() {
-		v := b.getenv(s.env)
+		v, present := b.lookup(s.env)
+		off := present && v == "" && s.emptyIsOff // set, and empty: off, not the default
 		fromFlag := set[s.flag]
 		if fromFlag {
 			v = *b.vals[i]
@@ -111,7 +133,7 @@ func (b *Binding) Config() (Config, error) {
 				v = content
 			}
 		}
-		if v == "" && !fromFlag && fromFile == "" {
+		if v == "" && !fromFlag && fromFile == "" && !off {
 			v = s.defaultOf(b.getenv)
 		}
 		if err := s.apply(&c, v); err != nil {
@@ -131,9 +153,9 @@ func (b *Binding) Config() (Config, error) {
 
 // Load is Bind plus Parse for commands with no flags of their own. It returns
 // the arguments left after the flags.
-func Load(name string, args []string, getenv func(string) string) (Config, []string, error) {
+func Load(name string, args []string, getenv func(string) string, opts ...Option) (Config, []string, error) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	b := Bind(fs, getenv)
+	b := Bind(fs, getenv, opts...)
 	if err := fs.Parse(args); err != nil {
 		return Config{}, nil, err
 	}

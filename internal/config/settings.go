@@ -42,6 +42,9 @@ type setting struct {
 	// cmdline, when set, refuses values given as a flag: the command line
 	// is readable by every local user (/proc/PID/cmdline, ps).
 	cmdline func(v string) error
+	// emptyIsOff: the variable set and empty is the value "" (off), not
+	// unset (which takes the default). Needs Binding's lookup.
+	emptyIsOff bool
 }
 
 type secrecy int
@@ -173,6 +176,12 @@ func integer(env, flag, typ, usage, def string, lo, hi int, field func(*Config) 
 // schedule is a robfig/cron spec setting; empty disables.
 func schedule(env, flag, usage, def string, field func(*Config) *string) setting {
 	return text(env, flag, "cron", usage, def, field, checkSchedule)
+}
+
+// offWhenEmpty makes the variable set and empty mean off ("").
+func (s setting) offWhenEmpty() setting {
+	s.emptyIsOff = true
+	return s
 }
 
 // in sets where a setting is documented and how.

@@ -64,7 +64,8 @@ func newDeployment(t *testing.T) *deployment {
 		"COORDINATOR_REAPER_SCHEDULE":    "",
 		"COORDINATOR_SHUTDOWN_TIMEOUT":   "10s",
 	}
-	cfg, _, err := config.Load("test", nil, func(k string) string { return d.env[k] })
+	cfg, _, err := config.Load("test", nil, func(k string) string { return d.env[k] },
+		config.WithLookup(func(k string) (string, bool) { v, ok := d.env[k]; return v, ok })) // the reaper off
 	require.NoError(t, err)
 	r := replica.New(replica.Config{Config: cfg, OpenLocker: openLocker, Emit: d.rec,
 		Log: slog.New(slog.DiscardHandler)})
