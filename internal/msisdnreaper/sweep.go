@@ -206,10 +206,11 @@ func (s *Sweeper) free(ctx context.Context, run *owned.Run, deadline time.Time, 
 		}
 	}
 	// A batch in flight finishes even when ctx or the lease ends (it is
-	// correct without the lock); it is bounded by the lease length so a hung
-	// database cannot hold a tick forever.
-	batchCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.Lease)
-	defer cancel()
+	// correct without the lock); it is bounded by the lease length from its
+	// own start, so a hung database cannot hold a tick forever, and a batch
+	// that began just before the local deadline is not cut by a bound that
+	// began with the sweep.
+	detached := context.WithoutCancel(ctx)
 	for range workers {
 		wg.Go(func() {
 			for {
@@ -239,8 +240,11 @@ func (s *Sweeper) free(ctx context.Context, run *owned.Run, deadline time.Time, 
 					lastUntil  pgtype.Timestamptz
 					lastMsisdn pgtype.Text
 				)
+				batchCtx, cancel := context.WithTimeout(detached, s.cfg.Lease)
 				bctx, span := run.StartSpan(batchCtx, "msisdn-reaper.batch")
-				if err := s.db.QueryRow(bctx, sql, s.cfg.BatchSize, from.untilArg(), from.msisdn).Scan(&n, &lastUntil, &lastMsisdn); err != nil {
+				err := s.db.QueryRow(bctx, sql, s.cfg.BatchSize, from.untilArg(), from.msisdn).Scan(&n, &lastUntil, &lastMsisdn)
+				cancel()
+				if err != nil {
 					span.SetStatus(codes.Error, err.Error())
 					span.End()
 					stop(stopError, fmt.Errorf("msisdnreaper: sweep batch: %w", err))
