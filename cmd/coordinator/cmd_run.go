@@ -189,7 +189,11 @@ func runRun(ctx context.Context, cio cliIO, args []string) int {
 		fmt.Fprintf(cio.stderr, "coordinator %s: %v\n", name, err)
 		return job.ExitUsage
 	}
-	return printResult(cio, runner.Run(ctx, k, p, trig))
+	res := runner.Run(ctx, k, p, trig)
+	// A lock kept for a minimum hold goes with the process: its timer would
+	// not outlive it, and the lock would stay held until its TTL.
+	runner.Close()
+	return printResult(cio, res)
 }
 
 // printResult writes the run's one JSON object on stdout and returns its exit code.

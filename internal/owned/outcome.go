@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -114,13 +115,7 @@ func (o *Owned) release(ctx context.Context) {
 			log.Info("run_release_deferred", "min_hold_ms", hold.Milliseconds(), "release_in_ms", remaining.Milliseconds())
 			o.run.send(ctx, events.OwnershipReleased, o.run.fence, "", map[string]any{"release": "after_min_hold",
 				"release_in_ms": remaining.Milliseconds(), "min_hold_ms": hold.Milliseconds()})
-			time.AfterFunc(remaining, func() {
-				relCtx, cancel := context.WithTimeout(context.Background(), ownership.ReleaseTimeout)
-				defer cancel()
-				if err := held.Release(relCtx); err != nil && !errors.Is(err, ownership.ErrNotHeld) {
-					log.Warn("run_release_failed", "error", err)
-				}
-			})
+			o.r.holds.defer_(remaining, held, log)
 			return
 		}
 	}
@@ -274,4 +269,60 @@ func countsData(counts map[string]int64, data map[string]any) map[string]any {
 		out[k] = v
 	}
 	return out
+}
+
+// holds are the locks kept after their runs for a minimum hold, each to be
+// released by its timer, or at once by Runner.Close.
+type holds struct {
+	mu     sync.Mutex
+	next   int
+	timers map[int]*time.Timer
+	leases map[int]func()
+}
+
+// defer_ releases held after d, or when the Runner closes, whichever comes
+// first.
+func (h *holds) defer_(d time.Duration, held ownership.Lease, log *slog.Logger) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.timers == nil {
+		h.timers, h.leases = map[int]*time.Timer{}, map[int]func(){}
+	}
+	id := h.next
+	h.next++
+	var once sync.Once
+	release := func() {
+		once.Do(func() {
+			relCtx, cancel := context.WithTimeout(context.Background(), ownership.ReleaseTimeout)
+			defer cancel()
+			if err := held.Release(relCtx); err != nil && !errors.Is(err, ownership.ErrNotHeld) {
+				log.Warn("run_release_failed", "error", err)
+			}
+		})
+	}
+	h.leases[id] = release
+	h.timers[id] = time.AfterFunc(d, func() {
+		h.mu.Lock()
+		delete(h.timers, id)
+		delete(h.leases, id)
+		h.mu.Unlock()
+		release()
+	})
+}
+
+// releaseAll releases every lock still kept for its minimum hold, now.
+func (h *holds) releaseAll() {
+	h.mu.Lock()
+	var now []func()
+	for id, t := range h.timers {
+		if t.Stop() {
+			now = append(now, h.leases[id])
+		}
+		delete(h.timers, id)
+		delete(h.leases, id)
+	}
+	h.mu.Unlock()
+	for _, release := range now {
+		release()
+	}
 }

@@ -35,6 +35,7 @@ type Runner struct {
 	progress ProgressReporter
 	inFlight inFlight
 	requests *requests // nil: no database, nothing recorded for the resumer
+	holds    holds     // locks kept after their runs for a minimum hold
 	history  RunHistory
 }
 
@@ -97,6 +98,14 @@ func NewRunner(reg *Registry, cfg RunnerConfig) (*Runner, error) {
 
 // InFlight is the progress of the runs this Runner is executing now.
 func (r *Runner) InFlight() []Progress { return r.inFlight.snapshot() }
+
+// Close releases now the locks the Runner keeps after their runs for a
+// minimum hold (Lease.MinHold), which their timers would release later. A
+// process that exits calls it: its timers end with it, and the lock would
+// stay held until its TTL, so that a rerun is told a process that is gone
+// owns it (`coordinator run reaper` twice within the reaper's hold). The
+// Runner still runs afterwards; later holds keep their timers.
+func (r *Runner) Close() { r.holds.releaseAll() }
 
 // Registry is the kinds this Runner runs.
 func (r *Runner) Registry() *Registry { return r.reg }

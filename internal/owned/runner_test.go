@@ -329,6 +329,28 @@ func TestMinHoldDefersTheRelease(t *testing.T) {
 	require.Equal(t, job.OutcomeCompleted, b.run(context.Background(), 1).Outcome)
 }
 
+// Close releases the locks kept for a minimum hold at once (a process
+// that exits: its timers end with it); a hold taken afterwards keeps its
+// timer.
+func TestCloseReleasesTheHeldLocksNow(t *testing.T) {
+	t.Parallel()
+	w := &ownedtest.Widget{Lease: owned.Lease{TTL: time.Minute, MinHold: time.Hour}}
+	b := setup(t, w)
+	require.Equal(t, job.OutcomeCompleted, b.run(context.Background(), 1).Outcome)
+	locks, err := b.locker.Locks(context.Background())
+	require.NoError(t, err)
+	require.Len(t, locks, 1, "kept for the minimum hold")
+	b.runner.Close()
+	b.requireNoLocks(t)
+	b.runner.Close() // twice: nothing left
+	require.Equal(t, job.OutcomeCompleted, b.run(context.Background(), 2).Outcome)
+	locks, err = b.locker.Locks(context.Background())
+	require.NoError(t, err)
+	require.Len(t, locks, 1, "the Runner still runs, and holds again")
+	b.runner.Close()
+	b.requireNoLocks(t)
+}
+
 func TestLockKeyOutsideTheNamespaceFailsWithoutLocking(t *testing.T) {
 	t.Parallel()
 	w := &ownedtest.Widget{Name: "gadget"}

@@ -196,8 +196,10 @@ func (r *Replica) components() []component {
 			}
 		}},
 		{"kafka_admin", r.startTopics, func(context.Context) { r.adm.Close() }},
-		// Its stop writes the run history buffered (every run has ended).
-		{"kinds", r.startRunner, r.stopHistory},
+		// Its stop releases the locks kept for a minimum hold (their timers
+		// end with the process) and writes the run history buffered (every
+		// run has ended).
+		{"kinds", r.startRunner, func(ctx context.Context) { r.runner.Close(); r.stopHistory(ctx) }},
 		{"health", r.startHealth, func(context.Context) { r.health.Stop() }},
 		// The operator console's tail, events index, heartbeat and janitor
 		// (the /ui/ handler is mounted by http).
