@@ -92,7 +92,7 @@ func kafkaSettings() []setting {
 					return nil
 				}
 				return checkName(v)
-			}).in(sectionFurther, "prepended to every contract topic name (isolates tests and tenants on a shared cluster)"),
+			}).documented("empty").in(sectionFurther, "prepended to every contract topic name (isolates tests and tenants on a shared cluster)"),
 		integer("COORDINATOR_KAFKA_MAX_DECOMPRESSED_BATCH_BYTES", "kafka-max-decompressed-batch-bytes", "bytes",
 			"bound on what one fetched trigger batch may decompress to; a batch over it is skipped to the DLQ (batch_too_large)",
 			"8388608", 1<<20, 256<<20, func(c *Config) *int { return &c.Kafka.MaxDecompressedBatchBytes }).

@@ -96,7 +96,7 @@ func runSettings() []setting {
 		dur("COORDINATOR_CRON_JITTER", "cron-jitter", "random delay in [0, jitter) before each cron tick (0 disables)", "0s", 0, 10*time.Minute,
 			func(c *Config) *time.Duration { return &c.Cron.Jitter }).in(sectionFurther, "each cron tick, and a catch-up, waits a random time in [0, jitter) first, so replicas with aligned clocks do not all reach Redis at once (at most 10m)").documented("`0s` (off)"),
 		schedule("COORDINATOR_BILLRUN_SCHEDULE", "billrun-schedule", "cron spec that bills the previous month; empty disables", "",
-			func(c *Config) *string { return &c.Billrun.Schedule }).offWhenEmpty().in(sectionContract, "e.g. `0 2 1 * *` bills the previous month (in the billing zone) when it fires; a spec without `CRON_TZ=` fires in `COORDINATOR_BILLING_TZ`; empty disables"),
+			func(c *Config) *string { return &c.Billrun.Schedule }).offWhenEmpty().documented("empty").in(sectionContract, "e.g. `0 2 1 * *` bills the previous month (in the billing zone) when it fires; a spec without `CRON_TZ=` fires in `COORDINATOR_BILLING_TZ`; empty disables"),
 		integer("COORDINATOR_BILLRUN_BATCH_SIZE", "billrun-batch-size", "int", "subscribers per batch (one statement)", "2500", 1, 100000,
 			func(c *Config) *int { return &c.Billrun.BatchSize }).in(sectionFurther, "subscribers per batch (one statement) (1..100000)"),
 		integer("COORDINATOR_BILLRUN_WORKERS", "billrun-workers", "int", "concurrent batch transactions", "4", 1, 256,

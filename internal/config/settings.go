@@ -88,8 +88,9 @@ type Setting struct {
 	Fallback string
 	// File is the variable naming a file that holds the value.
 	File string
-	// Secret: the value is never shown (refused as a flag when opaque).
-	Secret bool
+	// Secret: the value is never shown in errors; RefusedAsFlag: nor taken
+	// from the command line (a token, a password).
+	Secret, RefusedAsFlag bool
 	// Section is the documentation's table: "contract", "further",
 	// "transport".
 	Section string
@@ -100,7 +101,7 @@ func Settings() []Setting {
 	var out []Setting
 	for _, s := range settings() {
 		out = append(out, Setting{Env: s.env, Flag: s.flag, Type: s.typ, Usage: s.usage, Doc: cmpOr(s.doc, s.usage),
-			Default: s.def, DocDefault: s.docDefault, Fallback: s.fallback, File: s.file, Secret: s.secret != public,
+			Default: s.def, DocDefault: s.docDefault, Fallback: s.fallback, File: s.file, Secret: s.secret != public, RefusedAsFlag: s.secret == secretOpaque,
 			Section: [...]string{"contract", "further", "transport"}[s.section]})
 	}
 	return out
