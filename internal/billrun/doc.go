@@ -1,12 +1,18 @@
 // Package billrun runs a billing period's bill run with one owner across
 // replicas: ADR-024's (docs/adr/024-distributed-lock-strategy.md) first consumer (billing-service's RunBillCommandHandler
-// and BillRunBatchProcessor, re-thought). It is a kind of owned run (Kind;
-// its Worker is a Claimer): the owned template takes the lock, calls Claim
-// and Run, emits the ownership events and releases; this package claims,
-// plans and runs the fenced batches. Files: kind.go (the kind: spec,
-// decoding, flags), calendar.go (which periods may be billed), claim.go,
-// plan.go, batch.go, retry.go, run.go (the run's end), adjust.go (late usage
-// and adjustment runs), status.go, sql.go.
+// and BillRunBatchProcessor, re-thought). It is a kind of owned run (New
+// defines it; its Worker has a Claim): the owned template takes the lock,
+// calls Claim and Run, emits the ownership events and releases; this
+// package claims, plans and runs the fenced batches.
+//
+// Files: config.go (Config, its defaults and checks), kind.go (the kind:
+// decoding, flags, the Worker's capabilities), period.go and calendar.go
+// (periods, and which may be billed), claim.go, plan.go, batch.go, retry.go,
+// run.go (a run, and its end), progress.go (the progress total),
+// completion.go (run.completed at least once), adjust.go (late usage and
+// adjustment runs), status.go, metrics.go, seed.go (test and demo data),
+// sql.go; testhooks.go, sabotage.go and sabotage_chaos.go by build tag
+// (TestDocListsEveryFile keeps this list whole).
 //
 // # Billing periods
 //

@@ -2,7 +2,9 @@
 // serves, and the one place the process's configuration reaches them: each
 // kind takes a Config of its own package, mapped here from
 // internal/config (as cmd/coordinator/wiring_lock.go maps it onto the
-// lock). Adding a kind is its package plus its line in Config.Kinds; every
+// lock). Adding a kind is its package plus two lines here, its import and
+// its entry in Config.Kinds (and a Config field and its mapping in ConfigOf
+// when it has settings of its own); every
 // transport (Kafka consumer, cron, HTTP API, `coordinator run` and
 // `trigger`) and the topics to create follow from the list.
 package kinds
