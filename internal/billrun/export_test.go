@@ -2,6 +2,7 @@ package billrun
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -28,4 +29,20 @@ func RecordTotal(ctx context.Context, db interface {
 // Incomplete is what the Worker lists for the resumer.
 func Incomplete(ctx context.Context, pool *pgxpool.Pool) ([]owned.Incomplete[Request], error) {
 	return (&Worker{pool: pool}).Incomplete(ctx)
+}
+
+// Reconcile runs the completion's count (sqlReconcile) for period p, its
+// instants and cutoff, in a transaction with the completion's planner
+// settings (sqlCompleteFence's), and rolls back.
+func Reconcile(ctx context.Context, pool *pgxpool.Pool, p Period, start, end, cutoff time.Time) (population, missing int64, err error) {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `select set_config('enable_nestloop', 'off', true), set_config('jit', 'off', true)`); err != nil {
+		return 0, 0, err
+	}
+	err = tx.QueryRow(ctx, sqlReconcile, p.String(), start, end, cutoff).Scan(&population, &missing)
+	return population, missing, err
 }

@@ -107,24 +107,6 @@ func Settings() []Setting {
 	return out
 }
 
-// Variables are every environment variable the configuration reads: each
-// setting's, its *_FILE variable, and the fallbacks (DATABASE_URL,
-// REDIS_URL), in the settings' order. `coordinator lock` keeps them out of
-// its child's environment.
-func Variables() []string {
-	var out []string
-	for _, s := range settings() {
-		out = append(out, s.env)
-		if s.file != "" {
-			out = append(out, s.file)
-		}
-		if s.fallback != "" {
-			out = append(out, s.fallback)
-		}
-	}
-	return out
-}
-
 // The constructors below make a setting of one type: the type -h shows
 // follows from the parser, so the two cannot drift.
 

@@ -26,12 +26,19 @@ type PostgresServer struct {
 	data string
 	port int
 	proc *localsvc.Process
+	// settings are the test's own server settings (name=value), after
+	// the defaults: a later -c wins.
+	settings []string
 }
 
 // StartPostgresServer initialises a throwaway cluster (trust auth, user
 // postgres, no fsync) and starts it; it returns once the server accepts
-// connections.
-func StartPostgresServer(t testing.TB) *PostgresServer {
+// connections. settings ("name=value") are set after the defaults, e.g.
+// "synchronous_commit=off" for a server that loses acknowledged commits at
+// an immediate shutdown (Kill). By default it loses none: fsync is off,
+// which only matters if the machine crashes, and synchronous_commit is on,
+// so a commit is written to the kernel before it is acknowledged.
+func StartPostgresServer(t testing.TB, settings ...string) *PostgresServer {
 	t.Helper()
 	bin := Binary(t, EnvPGBinDir, "/usr/lib/postgresql/15/bin")
 	Binary(t, "", filepath.Join(bin, "postgres"))
@@ -46,7 +53,7 @@ func StartPostgresServer(t testing.TB) *PostgresServer {
 	if err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
-	s := &PostgresServer{t: t, bin: bin, data: data, port: freeLoopbackPort(t)}
+	s := &PostgresServer{t: t, bin: bin, data: data, port: freeLoopbackPort(t), settings: settings}
 	s.Start()
 	t.Cleanup(s.Kill)
 	return s
@@ -73,7 +80,7 @@ func (s *PostgresServer) Start() {
 	if s.proc != nil {
 		return
 	}
-	cmd, err := localsvc.PostgresCommand(s.bin, s.data, s.port, "synchronous_commit=off")
+	cmd, err := localsvc.PostgresCommand(s.bin, s.data, s.port, s.settings...)
 	if err == nil {
 		s.proc, err = localsvc.Start(cmd, localsvc.PostgresReady, time.Minute, nil)
 	}
