@@ -98,7 +98,7 @@ func transient(err error) error {
 
 // Incomplete lists the periods whose bill run was accepted and is not
 // COMPLETED (RUNNING, whose owner may be gone; INTERRUPTED; FAILED), for
-// the resumer (owned.Resumable). A RUNNING row whose owner still holds the
+// the resumer (owned.Worker.Incomplete). A RUNNING row whose owner still holds the
 // lock is listed too; the resumer finds the lock held.
 func (w *Worker) Incomplete(ctx context.Context) ([]owned.Incomplete[Request], error) {
 	rows, err := w.pool.Query(ctx, sqlIncomplete)

@@ -24,8 +24,9 @@
 // record goes to the DLQ, HTTP answers 422, the CLI exits 64), whatever
 // force says, and by Claim as a backstop. A period more than MaxAgeMonths
 // (COORDINATOR_BILLRUN_MAX_AGE_MONTHS, 24) before the current month needs
-// force (period_too_old). The kind learns the zone and the limit from the
-// deployment through owned.Configurer; the schedule fires in the billing zone
+// force (period_too_old). The zone and the limit are the kind's Config
+// (Calendar; internal/kinds maps COORDINATOR_BILLING_TZ and
+// COORDINATOR_BILLRUN_MAX_AGE_MONTHS onto it); the schedule fires in the billing zone
 // unless its spec names one, and a tick bills the month before the tick's
 // there.
 //
@@ -129,8 +130,8 @@
 //
 // A RUNNING row whose owner died (kill -9) stays RUNNING until the next claim:
 // the next owner holds the Redis lock, so it takes the row over (fence+1).
-// Every row that is not COMPLETED is listed to the resumer (Worker.Incomplete,
-// owned.Resumable), which claims it once its lock is free: nobody has to
+// Every row that is not COMPLETED is listed to the resumer (the Worker's
+// Incomplete), which claims it once its lock is free: nobody has to
 // trigger the period again.
 //
 // # Why a stale owner cannot commit

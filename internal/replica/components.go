@@ -270,8 +270,8 @@ func (r *Replica) startCron(ctx context.Context) error {
 	return nil
 }
 
-// startResumer starts the resumer of the kinds whose Worker is an
-// owned.Resumable; its runs go through the dispatcher.
+// startResumer starts the resumer of the kinds whose Worker has
+// Incomplete (owned.Worker); its runs go through the dispatcher.
 func (r *Replica) startResumer(ctx context.Context) error {
 	var inspector ownership.Inspector
 	if in, ok := r.locker.(ownership.Inspector); ok {
