@@ -136,8 +136,7 @@ func (s *runState) committedBatch(out batchOut, sampleSize int) {
 // while the fence is still ours, and the error is lost. A batch that keeps
 // failing: the row is FAILED with last_error and the error says why.
 // Otherwise COMPLETED, and the counts carry the period's totals.
-func (w *Worker) Run(ctx context.Context, run *owned.Run, params owned.Params) (owned.Report, error) {
-	req := requestOf(params)
+func (w *Worker) Run(ctx context.Context, run *owned.Run, req Request) (owned.Report, error) {
 	if req.Adjust {
 		return w.runAdjust(ctx, run, req.Period)
 	}

@@ -2,7 +2,7 @@
 // dependency health, Prometheus metrics, list held locks, and for every
 // registered kind of owned run with an HTTP path (owned.Spec.HTTPPath):
 // POST to start a run, and GET {path}/{id} for a kind with run ids
-// (owned.StatusKind).
+// (owned.Def.StatusID).
 //
 // Three questions, three endpoints, none of which does I/O per request:
 //
@@ -248,7 +248,7 @@ func (a *API) routes() {
 		}
 		m.Handle("POST "+path, a.auth(adminauth.Mutate, a.postRun(k)))
 		allowed[path] = "POST"
-		if _, ok := k.(owned.StatusKind); ok {
+		if k.HasStatus() {
 			m.Handle("GET "+path+"/{id}", a.auth(adminauth.Read, a.getStatus(k)))
 			allowed[path+"/{id}"] = "GET, HEAD"
 		}
@@ -465,14 +465,20 @@ func (a *API) getHealth(w http.ResponseWriter, _ *http.Request) {
 }
 
 // readBody reads the body under the size limit. It writes the problem and
-// returns false when the body is too large, of the wrong type or unreadable.
+// returns false when the body is too large, unreadable, or not declared
+// JSON: a body needs a Content-Type of application/json (or +json); an
+// empty body needs none.
 func (a *API) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
-	if ct := r.Header.Get("Content-Type"); ct != "" {
+	ct := r.Header.Get("Content-Type")
+	notJSON := func() ([]byte, bool) {
+		writeProblem(w, r, newProblem(http.StatusUnsupportedMediaType, CodeUnsupportedMediaType,
+			"send the body as application/json (with that Content-Type)"), 0)
+		return nil, false
+	}
+	if ct != "" {
 		mt, _, err := mime.ParseMediaType(ct)
 		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
-			writeProblem(w, r, newProblem(http.StatusUnsupportedMediaType, CodeUnsupportedMediaType,
-				"send the body as application/json"), 0)
-			return nil, false
+			return notJSON()
 		}
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, a.cfg.MaxBodyBytes))
@@ -485,6 +491,9 @@ func (a *API) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 		}
 		writeProblem(w, r, newProblem(http.StatusBadRequest, CodeBadInput, "could not read the request body"), 0)
 		return nil, false
+	}
+	if ct == "" && len(body) > 0 {
+		return notJSON()
 	}
 	return body, true
 }
@@ -570,8 +579,8 @@ func (a *API) postRun(k owned.Kind) http.HandlerFunc {
 			return
 		}
 		acc := Accepted{Result: res, Status: "started"}
-		if sk, ok := k.(owned.StatusKind); ok {
-			acc.StatusURL = spec.HTTPPath + "/" + url.PathEscape(sk.StatusID(req.Params))
+		if id, ok := k.StatusID(req.Params); ok {
+			acc.StatusURL = spec.HTTPPath + "/" + url.PathEscape(id)
 			w.Header().Set("Location", acc.StatusURL)
 		}
 		writeJSON(w, http.StatusAccepted, acc)

@@ -28,6 +28,7 @@ import (
 	"github.com/telco-platform/coordinator/internal/msisdnreaper"
 	"github.com/telco-platform/coordinator/internal/owned"
 	"github.com/telco-platform/coordinator/internal/ownership"
+	"github.com/telco-platform/coordinator/internal/testenv"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -75,7 +76,7 @@ func (f *fakeDispatcher) Start(_ context.Context, k owned.Kind, p owned.Params, 
 	if f.err != nil {
 		return job.Result{Outcome: f.errOutcome}, false, f.err
 	}
-	period := k.(owned.StatusKind).StatusID(p)
+	period, _ := k.StatusID(p)
 	res := job.Result{Job: k.Spec().Name, Key: k.LockKey(p), Replica: "r1", RequestID: t.RequestID}
 	o, ok := f.outcomes[period]
 	if !ok {
@@ -155,25 +156,7 @@ type bundle struct {
 	api  *httpapi.API
 	disp *fakeDispatcher
 	reg  *prometheus.Registry
-	logs *syncBuffer
-}
-
-// syncBuffer collects the API's JSON log lines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	logs *testenv.Buffer
 }
 
 // Further test tokens with one scope each.
@@ -200,7 +183,7 @@ func setup(t *testing.T, mod func(*httpapi.Config)) bundle {
 		"2026-05": job.OutcomeFailed, // on the caller's input (BadInput)
 	}}
 	reg := prometheus.NewRegistry()
-	logs := &syncBuffer{}
+	logs := &testenv.Buffer{}
 	cfg := httpapi.Config{
 		Replica:    "r1",
 		Tokens:     testTokens(),
@@ -234,6 +217,9 @@ func (b bundle) do(t *testing.T, method, path, body string, hdr ...string) reply
 	}
 	req := httptest.NewRequest(method, path, rd)
 	req.Header.Set("Authorization", "Bearer "+token)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json") // as every client must
+	}
 	for i := 0; i+1 < len(hdr); i += 2 {
 		if hdr[i+1] == "" {
 			req.Header.Del(hdr[i])
@@ -467,6 +453,10 @@ func TestPostBillRun(t *testing.T) {
 		{"trailing data", `{"period":"2026-11"} {}`, http.StatusBadRequest, httpapi.CodeBadInput, "", "", ""},
 		{"not an object", `["2026-11"]`, http.StatusBadRequest, httpapi.CodeBadInput, "", "", ""},
 		{"period not a string", `{"period":202611}`, http.StatusBadRequest, httpapi.CodeBadInput, "malformed_json", "", ""},
+		// A member given twice was decoded last-wins: which one a reader
+		// keeps is not defined by JSON, so neither is taken.
+		{"duplicate member", `{"period":"2026-11","period":"2026-10"}`, http.StatusBadRequest, httpapi.CodeBadInput, "duplicate_key", "", ""},
+		{"duplicate envelope member", `{"period":"2026-11","request_id":"a","request_id":"b"}`, http.StatusBadRequest, httpapi.CodeBadInput, "duplicate_key", "", ""},
 		{"bad request_id", `{"period":"2026-11","request_id":"a b"}`, http.StatusBadRequest, httpapi.CodeBadInput, "", "", ""},
 		{"too large", `{"period":"2026-11","requested_by":"` + strings.Repeat("x", 70<<10) + `"}`, http.StatusRequestEntityTooLarge, httpapi.CodePayloadTooLarge, "", "", ""},
 	}
@@ -494,6 +484,15 @@ func TestPostBillRun(t *testing.T) {
 		r := b.do(t, "POST", "/v1/billruns", `period=2026-11`, "Content-Type", "application/x-www-form-urlencoded")
 		require.Equal(t, http.StatusUnsupportedMediaType, r.code)
 		require.Equal(t, httpapi.CodeUnsupportedMediaType, r.problem.Code)
+	})
+	// A body is JSON and says so: without a Content-Type it was taken as
+	// JSON (the contract says 415). An empty body needs none.
+	t.Run("a body without a content type", func(t *testing.T) {
+		r := b.do(t, "POST", "/v1/billruns", `{"period":"2026-11"}`, "Content-Type", "")
+		require.Equal(t, http.StatusUnsupportedMediaType, r.code, string(r.body))
+		require.Equal(t, httpapi.CodeUnsupportedMediaType, r.problem.Code)
+		require.Contains(t, r.problem.Detail, "application/json")
+		require.Equal(t, http.StatusOK, b.do(t, "POST", "/v1/msisdn-reaper/sweeps", "").code, "an empty body")
 	})
 	t.Run("dispatcher refusal is a 503", func(t *testing.T) {
 		nb := setup(t, nil)

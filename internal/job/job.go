@@ -114,8 +114,8 @@ type Result struct {
 	// has not COMPLETED): nothing ran that a retry would change. The CLI
 	// exits 64 and HTTP answers 422 for it, not 1 and 500.
 	BadInput bool `json:"bad_input,omitempty"`
-	// Resumable says the kind has a resumer (its Worker is an
-	// owned.Resumable).
+	// Resumable says the kind has a resumer (its Worker has Incomplete:
+	// owned.Worker).
 	Resumable bool `json:"-"`
 }
 

@@ -38,7 +38,7 @@ const (
 // ResumerConfig configures a Resumer.
 type ResumerConfig struct {
 	// Runner is the template, with the kinds to resume (those whose Worker
-	// is a Resumable) and the database. Required, with a database.
+	// has Incomplete) and the database. Required, with a database.
 	Runner *Runner
 	// Run runs one resumed run to its end. Default Runner.Run; a replica
 	// passes its dispatcher's, so that shutdown bounds resumed runs like
@@ -58,7 +58,7 @@ type ResumerConfig struct {
 	// Locks, when set, lets a scan skip the runs whose lock is held (their
 	// owner is working) instead of waiting for it. Optional.
 	Locks ownership.Inspector
-	// RepublishAfter is how long a completion of a CompletionRecorder kind
+	// RepublishAfter is how long a completion of a kind with Completions
 	// stays unacknowledged before a scan publishes its run.completed again
 	// (COORDINATOR_EVENTS_REPUBLISH_AFTER). Default DefaultRepublishAfter.
 	// A replica re-publishes one event at most once per RepublishAfter.
@@ -70,7 +70,7 @@ type ResumerConfig struct {
 }
 
 // Resumer finishes, on every replica, the runs that were accepted and did
-// not complete: every Interval it asks each Resumable kind for its
+// not complete: every Interval it asks each resumable kind for its
 // incomplete runs (recording those it did not know in run_requests), reads
 // the kind's requests, sets the incomplete-run metrics, and runs the due
 // ones, one at a time, through the template with trigger source
@@ -87,7 +87,7 @@ type Resumer struct {
 	log   *slog.Logger
 	m     *resumerMetrics
 	kinds []Kind
-	// recorders are the kinds whose Worker is a CompletionRecorder;
+	// recorders are the kinds whose Worker has Completions;
 	// republished the ids this replica re-published and when, so an event
 	// waiting in its sink is not queued again (under repMu).
 	recorders   []Kind
@@ -133,12 +133,12 @@ func NewResumer(cfg ResumerConfig) (*Resumer, error) {
 	s := &Resumer{cfg: cfg, reqs: cfg.Runner.requests, log: cfg.Log, m: m, done: make(chan struct{}),
 		republished: map[string]time.Time{}}
 	for _, k := range cfg.Runner.reg.Kinds() {
-		w := cfg.Runner.Worker(k.Spec().Name)
-		if _, ok := w.(Resumable); ok {
+		w := cfg.Runner.workers[k.Spec().Name]
+		if w.incomplete != nil {
 			s.kinds = append(s.kinds, k)
 			m.reset(k.Spec().Name)
 		}
-		if _, ok := w.(CompletionRecorder); ok {
+		if w.records != nil {
 			s.recorders = append(s.recorders, k)
 			m.republished.WithLabelValues(k.Spec().Name)
 		}
@@ -219,8 +219,8 @@ func (s *Resumer) every(scan func(context.Context)) {
 }
 
 // Scan re-publishes the unacknowledged completions of every
-// CompletionRecorder kind, then looks once for incomplete runs of every
-// Resumable kind and runs the due ones. The loop runs the two on tickers of
+// kind with Completions, then looks once for incomplete runs of every
+// resumable kind and runs the due ones. The loop runs the two on tickers of
 // their own; tests call Scan.
 func (s *Resumer) Scan(ctx context.Context) {
 	s.republishAll(ctx)
@@ -228,7 +228,7 @@ func (s *Resumer) Scan(ctx context.Context) {
 }
 
 // republishAll re-publishes the unacknowledged completions of every
-// CompletionRecorder kind.
+// kind with Completions.
 func (s *Resumer) republishAll(ctx context.Context) {
 	for _, k := range s.recorders {
 		if ctx.Err() != nil {
@@ -238,7 +238,7 @@ func (s *Resumer) republishAll(ctx context.Context) {
 	}
 }
 
-// resumeAll looks once for incomplete runs of every Resumable kind and runs
+// resumeAll looks once for incomplete runs of every resumable kind and runs
 // the due ones (each to its end: a resumed run may take long).
 func (s *Resumer) resumeAll(ctx context.Context) {
 	var held map[string]bool
@@ -263,9 +263,9 @@ func (s *Resumer) resumeAll(ctx context.Context) {
 
 func (s *Resumer) scanKind(ctx context.Context, k Kind, held map[string]bool) {
 	name := k.Spec().Name
-	w := s.cfg.Runner.Worker(name).(Resumable)
+	w := s.cfg.Runner.workers[name]
 	lctx, cancel := context.WithTimeout(ctx, 4*requestTimeout)
-	inc, err := w.Incomplete(lctx)
+	inc, err := w.incomplete(lctx)
 	if err != nil {
 		s.log.Warn("resume_list_failed", "job", name, "error", err)
 	}
@@ -317,7 +317,7 @@ func (s *Resumer) scanKind(ctx context.Context, k Kind, held map[string]bool) {
 // the id (at least once).
 func (s *Resumer) republish(ctx context.Context, k Kind) {
 	name := k.Spec().Name
-	w := s.cfg.Runner.Worker(name).(CompletionRecorder)
+	w := s.cfg.Runner.workers[name]
 	s.repMu.Lock()
 	defer s.repMu.Unlock()
 	now := time.Now()
@@ -327,7 +327,7 @@ func (s *Resumer) republish(ctx context.Context, k Kind) {
 		}
 	}
 	lctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	list, err := w.UnpublishedCompletions(lctx, s.cfg.RepublishAfter, republishLimit)
+	list, err := w.unpublished(lctx, s.cfg.RepublishAfter, republishLimit)
 	cancel()
 	if err != nil {
 		s.log.Warn("republish_list_failed", "job", name, "error", err)
@@ -436,7 +436,7 @@ type resumerMetrics struct {
 	attempts   *prometheus.CounterVec
 	gaveUp     *prometheus.CounterVec
 	// republished counts the run.completed events this replica published
-	// again (CompletionRecorder).
+	// again (Worker.Completions).
 	republished *prometheus.CounterVec
 }
 

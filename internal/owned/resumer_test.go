@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
@@ -33,12 +32,12 @@ func TestResumerBoundsAttemptsAndPagesPermanentFailures(t *testing.T) {
 	var mu sync.Mutex
 	incomplete := map[int]bool{1: true, 2: true, 3: true}
 	w := &ownedtest.Widget{
-		Incomplete: func(context.Context) ([]owned.Incomplete, error) {
+		Incomplete: func(context.Context) ([]owned.Incomplete[ownedtest.Params], error) {
 			mu.Lock()
 			defer mu.Unlock()
-			var out []owned.Incomplete
+			var out []owned.Incomplete[ownedtest.Params]
 			for n := range incomplete {
-				out = append(out, owned.Incomplete{Params: ownedtest.Params{N: n}, Since: time.Now().Add(-time.Hour), State: "RUNNING",
+				out = append(out, owned.Incomplete[ownedtest.Params]{Params: ownedtest.Params{N: n}, Since: time.Now().Add(-time.Hour), State: "RUNNING",
 					Trigger: job.Trigger{Source: job.SourceHTTP, RequestID: "req-widget"}})
 			}
 			return out, nil
@@ -56,12 +55,12 @@ func TestResumerBoundsAttemptsAndPagesPermanentFailures(t *testing.T) {
 			return owned.Report{}, nil
 		},
 	}
-	reg, err := owned.NewRegistry(w)
+	reg, err := owned.NewRegistry(w.Kind())
 	require.NoError(t, err)
 	l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "replica-a", WaitTime: 50 * time.Millisecond, WatchdogTimeout: 3 * time.Second})
 	defer l.Close()
 	rec := &events.Recorder{}
-	runner, err := owned.NewRunner(reg, owned.Deps{Config: config.Config{ReplicaID: "replica-a"}, DB: pg.Pool, Locker: l}, rec)
+	runner, err := owned.NewRunner(reg, owned.RunnerConfig{Deps: owned.Deps{DB: pg.Pool, Locker: l}, Replica: "replica-a", Emit: rec})
 	require.NoError(t, err)
 	prom := prometheus.NewRegistry()
 	rs, err := owned.NewResumer(owned.ResumerConfig{Runner: runner, Interval: 20 * time.Millisecond, MaxAttempts: 3,
@@ -161,8 +160,8 @@ func TestResumerBooksALongAttempt(t *testing.T) {
 	ctx := context.Background()
 	ran := make(chan struct{}, 10)
 	w := &ownedtest.Widget{
-		Incomplete: func(context.Context) ([]owned.Incomplete, error) {
-			return []owned.Incomplete{{Params: ownedtest.Params{N: 1}, State: "INTERRUPTED"}}, nil
+		Incomplete: func(context.Context) ([]owned.Incomplete[ownedtest.Params], error) {
+			return []owned.Incomplete[ownedtest.Params]{{Params: ownedtest.Params{N: 1}, State: "INTERRUPTED"}}, nil
 		},
 		Work: func(context.Context, *owned.Run, int) (owned.Report, error) {
 			time.Sleep(6 * time.Second) // longer than the booking bound: the behaviour under test
@@ -170,11 +169,11 @@ func TestResumerBooksALongAttempt(t *testing.T) {
 			return owned.Report{}, owned.Retryable(errors.New("connection reset by peer"))
 		},
 	}
-	reg, err := owned.NewRegistry(w)
+	reg, err := owned.NewRegistry(w.Kind())
 	require.NoError(t, err)
 	l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "replica-a", WaitTime: 50 * time.Millisecond, WatchdogTimeout: 3 * time.Second})
 	defer l.Close()
-	runner, err := owned.NewRunner(reg, owned.Deps{Config: config.Config{ReplicaID: "replica-a"}, DB: pg.Pool, Locker: l}, nil)
+	runner, err := owned.NewRunner(reg, owned.RunnerConfig{Deps: owned.Deps{DB: pg.Pool, Locker: l}, Replica: "replica-a"})
 	require.NoError(t, err)
 	// A long interval: the first scan makes the only attempt of this test.
 	rs, err := owned.NewResumer(owned.ResumerConfig{Runner: runner, Interval: time.Hour, MaxAttempts: 3})

@@ -74,8 +74,8 @@ func NewMemoryLocker(cfg MemoryConfig) *MemoryLocker {
 	if cfg.Owner == "" {
 		panic("ownership: MemoryConfig.Owner is required")
 	}
-	cfg.WaitTime = cmp.Or(cfg.WaitTime, 5*time.Second)
-	cfg.WatchdogTimeout = cmp.Or(cfg.WatchdogTimeout, 30*time.Second)
+	cfg.WaitTime = cmp.Or(cfg.WaitTime, DefaultWaitTime)
+	cfg.WatchdogTimeout = cmp.Or(cfg.WatchdogTimeout, DefaultWatchdogTimeout)
 	return &MemoryLocker{
 		cfg:      cfg,
 		locks:    map[string]*memLock{},

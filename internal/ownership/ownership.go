@@ -82,6 +82,13 @@ type Lease interface {
 // (docs/adr/024-distributed-lock-strategy.md).
 const CodeLockAcquisitionFailed = "LOCK_ACQUISITION_FAILED"
 
+// Defaults every Locker takes for a zero wait time and watchdog timeout
+// (COORDINATOR_LOCK_WAIT_TIME, COORDINATOR_LOCK_WATCHDOG_TIMEOUT).
+const (
+	DefaultWaitTime        = 5 * time.Second
+	DefaultWatchdogTimeout = 30 * time.Second
+)
+
 // Reason says why an acquisition failed.
 type Reason string
 

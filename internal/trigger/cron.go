@@ -7,13 +7,12 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"runtime/debug"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/robfig/cron/v3"
 
-	"github.com/telco-platform/coordinator/internal/config"
+	"github.com/telco-platform/coordinator/internal/cronspec"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
 )
@@ -95,7 +94,7 @@ func NewCron(cfg CronConfig, jobs ...CronJob) (*Cron, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cr := &Cron{cfg: cfg, log: cfg.Log, ctx: ctx, cancel: cancel,
-		c: cron.New(cron.WithParser(config.CronParser), cron.WithLogger(cron.DiscardLogger))}
+		c: cron.New(cron.WithParser(cronspec.Parser), cron.WithLogger(cron.DiscardLogger))}
 	for _, j := range jobs {
 		if j.Spec == "" {
 			continue
@@ -107,7 +106,7 @@ func NewCron(cfg CronConfig, jobs ...CronJob) (*Cron, error) {
 		if j.Jitter <= 0 {
 			j.Jitter = cfg.Jitter
 		}
-		sched, err := config.CronParser.Parse(j.Spec)
+		sched, err := cronspec.Parse(j.Spec)
 		if err != nil {
 			cancel()
 			return nil, fmt.Errorf("trigger: cron job %q spec %q: %w", j.Name, j.Spec, err)
@@ -228,14 +227,4 @@ func (cr *Cron) Stop() {
 // ScheduleLocation is the time zone a cron spec fires in: its CRON_TZ= or
 // TZ= prefix, else the process's local zone. A kind's Tick gets the tick's
 // time in it (the bill-run schedule bills the month before, there).
-func ScheduleLocation(spec string) *time.Location {
-	for _, p := range []string{"CRON_TZ=", "TZ="} {
-		if rest, ok := strings.CutPrefix(spec, p); ok {
-			name, _, _ := strings.Cut(rest, " ")
-			if loc, err := time.LoadLocation(name); err == nil {
-				return loc
-			}
-		}
-	}
-	return time.Local
-}
+func ScheduleLocation(spec string) *time.Location { return cronspec.Location(spec) }

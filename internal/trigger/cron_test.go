@@ -1,11 +1,9 @@
 package trigger_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/telco-platform/coordinator/internal/billrun"
-	"github.com/telco-platform/coordinator/internal/config"
+	"github.com/telco-platform/coordinator/internal/cronspec"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
@@ -23,30 +21,12 @@ import (
 	"github.com/telco-platform/coordinator/internal/trigger"
 )
 
-// syncBuffer is a log sink safe for the cron's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // A tick that panics is recovered, logged with its stack and counted; the
 // replica (here: the test binary) survives and the next tick runs. Before,
 // robfig/cron's default chain had no Recover and the panic ended the process.
 func TestCronRecoversAPanickingTick(t *testing.T) {
 	t.Parallel()
-	var logs syncBuffer
+	var logs testenv.Buffer
 	reg := prometheus.NewRegistry()
 	var calls atomic.Int32
 	next := make(chan struct{}, 10)
@@ -90,7 +70,7 @@ func TestLastTickInTheCatchUpWindow(t *testing.T) {
 		{"@every has no fixed ticks", "@every 1m", 6 * time.Hour, time.Time{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			sched, err := config.CronParser.Parse(tc.spec)
+			sched, err := cronspec.Parse(tc.spec)
 			require.NoError(t, err)
 			got, ok := trigger.LastTick(sched, now, tc.window)
 			require.Equal(t, !tc.want.IsZero(), ok)
@@ -110,9 +90,9 @@ func billrunReplica(t *testing.T, pg *testenv.PG, rd *testenv.RedisEnv, id, spec
 	l, err := redislock.New(client, redislock.Config{Prefix: rd.Prefix, Owner: id, WaitTime: 100 * time.Millisecond})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close(); _ = client.Close() })
-	reg, err := owned.NewRegistry(billrun.New(billrun.Config{BatchSize: 25}))
+	reg, err := owned.NewRegistry(billrun.New(billrun.Config{BatchSize: 25, Schedule: spec}))
 	require.NoError(t, err)
-	r, err := owned.NewRunner(reg, owned.Deps{Config: config.Config{ReplicaID: id, BillrunSchedule: spec}, DB: pg.Pool, Locker: l}, rec)
+	r, err := owned.NewRunner(reg, owned.RunnerConfig{Deps: owned.Deps{DB: pg.Pool, Locker: l}, Replica: id, Emit: rec})
 	require.NoError(t, err)
 	d := trigger.NewDispatcher(trigger.DispatcherConfig{Runner: r})
 	t.Cleanup(func() { d.Shutdown(context.Background()) })
@@ -168,7 +148,7 @@ func TestCronCatchesUpAMissedBillRunTickOnce(t *testing.T) {
 // (COORDINATOR_CRON_JITTER); a job's own Jitter wins.
 func TestCronJitterDefaultsToTheConfiguredOne(t *testing.T) {
 	t.Parallel()
-	var logs syncBuffer
+	var logs testenv.Buffer
 	noop := func(context.Context, job.Trigger, time.Time) {}
 	c, err := trigger.NewCron(trigger.CronConfig{Log: slog.New(slog.NewJSONHandler(&logs, nil)), Jitter: 2 * time.Second},
 		trigger.CronJob{Name: "plain", Spec: "@every 1h", Run: noop},

@@ -219,24 +219,20 @@ func (d *Dispatcher) Shutdown(ctx context.Context) {
 	<-done
 }
 
-// CronJobs are the schedules of every kind whose Worker is an
-// owned.Scheduler with a spec. A tick's params are the kind's Tick at the
+// CronJobs are the schedules of every kind whose Worker has one
+// (owned.Worker.Schedule). A tick's params are the kind's Tick at the
 // tick's scheduled time (a catch-up's is the missed tick's). A tick's work
 // runs detached from the cron's own cancellation: shutdown gives it the
 // dispatcher's bound (COORDINATOR_SHUTDOWN_TIMEOUT) to finish.
 func (d *Dispatcher) CronJobs() []CronJob {
 	var jobs []CronJob
-	for _, k := range d.Kinds().Kinds() {
-		s, ok := d.runner.Worker(k.Spec().Name).(owned.Scheduler)
-		if !ok || s.Schedule() == "" {
-			continue
-		}
-		spec := s.Schedule()
-		loc := ScheduleLocation(spec)
-		jobs = append(jobs, CronJob{Name: k.Spec().Name, Spec: spec, Run: func(ctx context.Context, t job.Trigger, at time.Time) {
+	for _, s := range d.runner.Schedules() {
+		k, name := s.Kind, s.Kind.Spec().Name
+		loc := ScheduleLocation(s.Spec)
+		jobs = append(jobs, CronJob{Name: name, Spec: s.Spec, Run: func(ctx context.Context, t job.Trigger, at time.Time) {
 			p, err := s.Tick(at.In(loc))
 			if err != nil {
-				d.log.Error("cron_tick_failed", "job", k.Spec().Name, "request_id", t.RequestID, "error", err)
+				d.log.Error("cron_tick_failed", "job", name, "request_id", t.RequestID, "error", err)
 				return
 			}
 			_, _ = d.Run(context.WithoutCancel(ctx), k, p, t)

@@ -71,7 +71,7 @@
 //
 // # Cron
 //
-// Cron fires every kind's owned.Scheduler spec on every replica (the lock
+// Cron fires every kind's schedule (owned.Worker.Schedule) on every replica (the lock
 // decides who works). Each tick's params are the kind's Tick at the tick's
 // scheduled time. A tick waits a random jitter first (CronConfig.Jitter,
 // COORDINATOR_CRON_JITTER); a tick that finds the previous one of its job

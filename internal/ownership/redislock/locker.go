@@ -69,10 +69,10 @@ const (
 )
 
 func (c *Config) defaults() {
-	c.Prefix = cmp.Or(c.Prefix, "coordinator")
-	c.WaitTime = cmp.Or(c.WaitTime, 5*time.Second)
-	c.WatchdogTimeout = cmp.Or(c.WatchdogTimeout, 30*time.Second)
-	c.ReplicaTimeout = cmp.Or(c.ReplicaTimeout, 200*time.Millisecond)
+	c.Prefix = cmp.Or(c.Prefix, DefaultPrefix)
+	c.WaitTime = cmp.Or(c.WaitTime, ownership.DefaultWaitTime)
+	c.WatchdogTimeout = cmp.Or(c.WatchdogTimeout, ownership.DefaultWatchdogTimeout)
+	c.ReplicaTimeout = cmp.Or(c.ReplicaTimeout, DefaultReplicaTimeout)
 	c.Layout = cmp.Or(c.Layout, LayoutCoordinator)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
