@@ -2,6 +2,13 @@ package redislock_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -42,4 +49,162 @@ func TestRedissonLayoutWaitForAHashWithoutTTLDoesNotSpin(t *testing.T) {
 	v, err := env.Client.HGetAll(ctx, key).Result()
 	require.NoError(t, err)
 	require.Equal(t, map[string]string{"some-field": "v"}, v, "the waiter wrote into a hash that is not its lock")
+}
+
+// Redisson threads and coordinator Lockers (clients of their own) contend
+// for one name, round after round: every holder appends "start" and "end"
+// to one journal while it holds, and no two holds overlap. The Lockers
+// start once a Redisson thread holds the name, so that the two sides
+// contend (a coordinator hand-off goes to a waiting Locker first, so the
+// Redisson threads finish after them).
+func noOverlapUnderContention(t *testing.T, w *mixedWorld) {
+	const lockers, redissons, rounds = 3, 3, 8
+	ctx := context.Background()
+	key := mixedKey("contended")
+	journal := filepath.Join(t.TempDir(), "journal")
+	appendLine := func(line string) error {
+		f, err := os.OpenFile(journal, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			return err
+		}
+		_, err = f.WriteString(line + "\n")
+		return errors.Join(err, f.Close())
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, lockers+redissons)
+	redissonHolds := make(chan struct{})
+	var once sync.Once
+	for i := range redissons {
+		worker := "r" + strconv.Itoa(i)
+		wg.Go(func() {
+			for r := range rounds {
+				for _, cmd := range [][]string{
+					{"lock", key, "0"}, {"append", journal, "start", worker}, {"append", journal, "end", worker}, {"unlock", key},
+				} {
+					var rep testenv.RedissonReply
+					select {
+					case rep = <-w.java.Go(worker, cmd...):
+					case <-time.After(time.Minute):
+						rep.Err = errors.New("no reply within a minute")
+					}
+					if rep.Err != nil {
+						errs <- fmt.Errorf("redisson %s round %d %s: %w", worker, r, cmd[0], rep.Err)
+						return
+					}
+					if cmd[0] == "append" {
+						once.Do(func() { close(redissonHolds) })
+					}
+				}
+			}
+		})
+	}
+	select {
+	case <-redissonHolds:
+	case <-time.After(time.Minute):
+		t.Fatal("no Redisson thread got the lock")
+	}
+	for i := range lockers {
+		l := w.locker(t, "c"+strconv.Itoa(i), time.Minute)
+		who := "c" + strconv.Itoa(i)
+		wg.Go(func() {
+			for r := range rounds {
+				le, err := l.Acquire(ctx, key, 0)
+				if err != nil {
+					errs <- fmt.Errorf("locker %d round %d: %w", i, r, err)
+					return
+				}
+				err = appendLine("start " + who)
+				// About as long as a Redisson thread's hold (two round
+				// trips to its JVM), so that a second holder would show.
+				time.Sleep(2 * time.Millisecond)
+				err = errors.Join(err, appendLine("end "+who), le.Release(ctx))
+				if err != nil {
+					errs <- fmt.Errorf("locker %d round %d: %w", i, r, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	raw, err := os.ReadFile(journal)
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(string(raw)), "\n")
+	require.Len(t, lines, 2*rounds*(lockers+redissons))
+	holder, last, crossings := "", "", 0
+	for i, line := range lines {
+		what, who, _ := strings.Cut(line, " ")
+		switch what {
+		case "start":
+			require.Emptyf(t, holder, "line %d %q: %s still holds (overlap)", i+1, line, holder)
+			holder = who
+			if last != "" && last[0] != who[0] {
+				crossings++
+			}
+		case "end":
+			require.Equalf(t, holder, who, "line %d %q", i+1, line)
+			holder, last = "", who
+		default:
+			t.Fatalf("journal line %d: %q", i+1, line)
+		}
+	}
+	t.Logf("%d holds, %d of them right after the other side's", len(lines)/2, crossings)
+}
+
+// Redisson unlocks right after the waiting Locker's first answer ("held"),
+// before the Locker listens on Redisson's channel: the message is gone. The
+// Locker asks again once its subscription is confirmed (both of them on a
+// cluster), so it gets the lock at once, not at its poll or the TTL.
+func unlockBeforeTheWaiterSubscribes(t *testing.T, w *mixedWorld) {
+	ctx := context.Background()
+	key := mixedKey("window")
+	require.NoError(t, w.java.Do("u", "lock", key, "0").Err)
+	client, err := redislock.NewClient(w.url, w.mode)
+	require.NoError(t, err)
+	h := &orderHook{before: map[string]func(){}, after: map[string]func(){}}
+	unlocked := make(chan RedissonUnlock, 1)
+	h.after["acquire"] = func() {
+		rep := w.java.Do("u", "unlock", key)
+		unlocked <- RedissonUnlock{rep.Err, time.Now()}
+	}
+	client.AddHook(h)
+	l, err := redislock.New(client, redislock.Config{Prefix: w.prefix, Owner: "window", WaitTime: time.Minute,
+		WatchdogTimeout: 30 * time.Second, Layout: redislock.LayoutRedisson})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = l.Close()
+		_ = client.Close()
+	})
+	redislock.SetPoll(l, time.Minute) // only a wake-up can end the wait in time
+	got := make(chan error, 1)
+	go func() {
+		le, err := l.Acquire(ctx, key, 0)
+		if err == nil {
+			err = le.Release(ctx)
+		}
+		got <- err
+	}()
+	var u RedissonUnlock
+	select {
+	case u = <-unlocked:
+		require.NoError(t, u.err)
+	case <-time.After(time.Minute):
+		t.Fatal("the Locker never asked")
+	}
+	select {
+	case err := <-got:
+		require.NoError(t, err)
+		t.Logf("unlocked before the subscription -> acquired %s later", time.Since(u.at))
+	case <-time.After(20 * time.Second):
+		t.Fatal("an unlock before the subscription left the Locker waiting (Redisson's watchdog TTL is 30s)")
+	}
+}
+
+// RedissonUnlock is when an unlock the test sent was answered.
+type RedissonUnlock struct {
+	err error
+	at  time.Time
 }
