@@ -208,3 +208,103 @@ type RedissonUnlock struct {
 	err error
 	at  time.Time
 }
+
+// Fences rise across a change of layout (both layouts keep the same fence
+// key) and across the fence key's loss in the redisson layout.
+func TestFencesRiseAcrossALayoutSwitch(t *testing.T) {
+	t.Parallel()
+	env := testenv.Redis(t)
+	ctx := context.Background()
+	key := env.Prefix + ":switch"
+	var last int64
+	next := func(layout redislock.Layout, what string) {
+		t.Helper()
+		l := newLayoutLocker(t, env.URL, redislock.ModeSingle, env.Prefix, layout, ownershipOptions("a", time.Second, 3*time.Second))
+		le, err := l.Acquire(ctx, key, 0)
+		require.NoError(t, err, what)
+		require.Greater(t, le.Fence(), last, "fence went back %s", what)
+		last = le.Fence()
+		require.NoError(t, le.Release(ctx))
+	}
+	next(redislock.LayoutCoordinator, "at first")
+	next(redislock.LayoutRedisson, "after the switch to the redisson layout")
+	next(redislock.LayoutRedisson, "on a second acquisition")
+	// A fence far ahead of the clock, then the fence key lost.
+	require.NoError(t, env.Client.Set(ctx, env.Prefix+":{"+key+"}:fence", last+int64(time.Hour/time.Microsecond), 0).Err())
+	next(redislock.LayoutRedisson, "past a fence ahead of the clock")
+	next(redislock.LayoutCoordinator, "after the switch back")
+	require.NoError(t, env.Client.Del(ctx, env.Prefix+":{"+key+"}:fence").Err())
+	last -= int64(time.Hour / time.Microsecond) // lost with the key: only Redis TIME is left
+	next(redislock.LayoutRedisson, "after the fence key was lost")
+}
+
+// A name that holds something other than a hash (a Redisson RBucket, an
+// application's string) is no lock anybody can take: the Locker fails
+// closed (unavailable, Redis' WRONGTYPE named), writes nothing, and does not
+// mistake it for a free lock.
+func TestRedissonLayoutKeyOfAnotherType(t *testing.T) {
+	t.Parallel()
+	env := testenv.Redis(t)
+	ctx := context.Background()
+	key := env.Prefix + ":bucket"
+	require.NoError(t, env.Client.Set(ctx, key, "not a lock", 0).Err())
+	l := newLayoutLocker(t, env.URL, redislock.ModeSingle, env.Prefix, redislock.LayoutRedisson, ownershipOptions("a", 300*time.Millisecond, 3*time.Second))
+	_, err := l.Acquire(ctx, key, 0)
+	require.ErrorIs(t, err, ownership.ErrUnavailable)
+	require.ErrorContains(t, err, "WRONGTYPE")
+	v, err := env.Client.Get(ctx, key).Result()
+	require.NoError(t, err)
+	require.Equal(t, "not a lock", v)
+	n, err := env.Client.Exists(ctx, env.Prefix+":{"+key+"}:fence", env.Prefix+":{"+key+"}:queue").Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "a failed acquire wrote the fence or the queue")
+}
+
+// On the cluster, every script of the redisson layout runs in one slot
+// whatever the key's characters (a CROSSSLOT error would fail it): acquire,
+// queue, reentry, the release that hands off and publishes on Redisson's
+// channel (PUBLISH and SPUBLISH), leave, and the listing.
+func TestRedissonLayoutClusterSlotsOfEveryKey(t *testing.T) {
+	t.Parallel()
+	url, prefix, _ := clusterEnv(t)
+	ctx := context.Background()
+	a := newLayoutLocker(t, url, redislock.ModeCluster, prefix, redislock.LayoutRedisson, ownershipOptions("a", 10*time.Second, 300*time.Millisecond))
+	b := newLayoutLocker(t, url, redislock.ModeCluster, prefix, redislock.LayoutRedisson, ownershipOptions("b", 10*time.Second, 300*time.Millisecond))
+	quitter := newLayoutLocker(t, url, redislock.ModeCluster, prefix, redislock.LayoutRedisson, ownershipOptions("q", 200*time.Millisecond, 300*time.Millisecond))
+	for _, name := range []string{"billrun:2026-11", "msisdn-reaper:sweep", "a/b.c_d-e:F", "x", "--", "..:://"} {
+		key := prefix + ":" + name
+		held, err := a.Acquire(ctx, key, 0)
+		require.NoError(t, err, name)
+		inner, err := a.Acquire(held.Context(), key, 0)
+		require.NoError(t, err, name)
+		_, err = quitter.Acquire(ctx, key, 0) // queues, gives up, leaves
+		require.ErrorIs(t, err, ownership.ErrAlreadyOwned, name)
+		got := make(chan error, 1)
+		go func() {
+			le, err := b.Acquire(ctx, key, 0)
+			if err == nil {
+				err = le.Release(ctx)
+			}
+			got <- err
+		}()
+		require.Eventually(t, func() bool {
+			infos, err := a.Locks(ctx)
+			require.NoError(t, err)
+			for _, i := range infos {
+				if i.Key == key && i.Owner == "a" && i.Holds == 2 {
+					return true
+				}
+			}
+			return false
+		}, 10*time.Second, 50*time.Millisecond, name)
+		require.NoError(t, inner.Release(ctx), name)
+		require.NoError(t, held.Err(), name)
+		require.NoError(t, held.Release(ctx), name)
+		select {
+		case err := <-got:
+			require.NoError(t, err, name)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: b never got the lock", name)
+		}
+	}
+}
