@@ -12,9 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/telco-platform/coordinator/internal/ownership"
+	"github.com/telco-platform/coordinator/internal/ownership/ownershiptest"
 	"github.com/telco-platform/coordinator/internal/ownership/redislock"
 	"github.com/telco-platform/coordinator/internal/testenv"
 )
@@ -306,5 +308,41 @@ func TestRedissonLayoutClusterSlotsOfEveryKey(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatalf("%s: b never got the lock", name)
 		}
+	}
+}
+
+// The redisson layout under docs/security.md's ACL with what that page
+// says the layout adds: the lock names themselves (here ~*, "if the Redis
+// is the locks' own") and Redisson's unlock channels. The whole conformance
+// suite passes, and a waiter hears a Redisson unlock message under it.
+func TestRedissonLayoutUnderTheDocumentedACL(t *testing.T) {
+	t.Parallel()
+	env := testenv.Redis(t)
+	ctx := context.Background()
+	url := aclUser(t, env)
+	opt, err := redis.ParseURL(url)
+	require.NoError(t, err)
+	require.NoError(t, env.Client.Do(ctx, "ACL", "SETUSER", opt.Username, "~*", "&redisson_lock__channel:*").Err())
+	ownershiptest.Run(t, layoutBackend(url, redislock.ModeSingle, env.Prefix, redislock.LayoutRedisson, env.Client))
+
+	// A Redisson holder's unlock message (as Redisson publishes it) wakes a
+	// waiter of this user.
+	key := env.Prefix + ":acl-redisson"
+	require.NoError(t, env.Client.HSet(ctx, key, "client:1", "1").Err())
+	require.NoError(t, env.Client.PExpire(ctx, key, time.Minute).Err())
+	l := newLayoutLocker(t, url, redislock.ModeSingle, env.Prefix, redislock.LayoutRedisson, ownershipOptions("acl", 30*time.Second, 30*time.Second))
+	redislock.SetPoll(l, time.Minute)
+	got := acquireAndRelease(ctx, l, key)
+	require.Eventually(t, func() bool {
+		n, err := env.Client.PubSubNumSub(ctx, "redisson_lock__channel:{"+key+"}").Result()
+		return err == nil && n["redisson_lock__channel:{"+key+"}"] > 0
+	}, 10*time.Second, 5*time.Millisecond, "the waiter listens on Redisson's channel")
+	require.NoError(t, env.Client.Del(ctx, key).Err())
+	require.NoError(t, env.Client.Publish(ctx, "redisson_lock__channel:{"+key+"}", "0").Err())
+	select {
+	case err := <-got:
+		require.NoError(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the unlock message did not wake the waiter")
 	}
 }
