@@ -336,8 +336,15 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 					}
 				}
 				switch {
-				case res.pttl < 0: // no TTL (never set by us) or just vanished
+				case res.pttl == -2: // just vanished
 					w.fallback = time.Millisecond
+				case res.pttl < 0:
+					// No TTL: never set by us, and in the redisson layout a
+					// name holding a hash that is no lock (a Redisson RMap).
+					// It ends by a delete, not by itself: wait for a wake-up
+					// or the poll, not a millisecond (a waiter asked ~800
+					// times a second).
+					w.fallback = l.poll
 				case res.reserved != "":
 					// Reserved for another waiting Locker, which takes it within a
 					// round trip; ask again once the reservation would have
