@@ -31,6 +31,12 @@ import (
 //     synchronous_commit on, so the completion and everything before it is
 //     durable before run.completed goes out.
 //
+// The transaction reads one snapshot (REPEATABLE READ), so the three steps
+// see the same population: a subscriber that changes into it meanwhile is
+// a change after the run, not a gap the repair left open. Transient errors
+// (a dropped connection, a serialization failure) try it again whole; a
+// superseded fence or a gap left open ends it at once (transientErr).
+//
 // A gap that cannot be repaired (the repair fails, or subscribers are still
 // missing after it) rolls the transaction back: the run is FAILED, a
 // retryable failure the resumer retries, and it pages
@@ -96,7 +102,13 @@ func (x *execution) complete(ctx context.Context, planned int64) (counts map[str
 
 func (x *execution) completeOnce(ctx context.Context, planned int64) (map[string]int64, reconciliation, error) {
 	var rec reconciliation
-	tx, err := x.pool.Begin(ctx)
+	// One snapshot for the reconcile, the repair, the count after it and the
+	// totals: a subscriber that changes into the population while the
+	// completion runs is a change after the cutoff (the adjustment run's),
+	// not a gap the repair left open. A conflicting invoice committed since
+	// the snapshot is a serialization failure: transient, the completion is
+	// tried again.
+	tx, err := x.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 	if err != nil {
 		return nil, rec, err
 	}
