@@ -51,6 +51,10 @@ const completeTimeout = 5 * time.Minute
 // maxRepairRanges bounds the id ranges a repair logs.
 const maxRepairRanges = 20
 
+// maxOutsideIDs bounds the subscriber ids of invoices outside the
+// population a completion logs.
+const maxOutsideIDs = 20
+
 // reconciliation is what a run's reconcile found and did.
 type reconciliation struct {
 	population int64 // the population at the cutoff
@@ -58,6 +62,8 @@ type reconciliation struct {
 	repaired   int64 // invoices the repair inserted
 	ranges     int64 // id ranges of the repaired subscribers
 	shown      [][2]int64
+	outside    int64   // the period's invoices of subscribers outside the population
+	outsideIDs []int64 // the first of them
 	took       time.Duration
 }
 
@@ -153,6 +159,7 @@ func (x *execution) completeOnce(ctx context.Context, planned int64) (map[string
 	counts[CountInvoicesCreated] += rec.repaired
 	if population != nil {
 		counts[CountPopulation] = rec.population
+		counts[CountOutsidePopulation] = rec.outside
 	}
 	if unrecorded := planned - t.periodBatches; unrecorded > 0 {
 		// Batches the run saw commit are not in bill_run_batches: their
@@ -173,10 +180,12 @@ func (x *execution) reconcile(ctx context.Context, tx pgx.Tx) (reconciliation, e
 	var rec reconciliation
 	began := time.Now()
 	defer func() { x.cfg.Metrics.observeReconcile(time.Since(began)) }()
+	var invoiced int64
 	if err := tx.QueryRow(ctx, sqlReconcile, x.period.String(), x.cut.start, x.cut.end, x.cut.at).
-		Scan(&rec.population, &rec.missing); err != nil {
+		Scan(&rec.population, &rec.missing, &invoiced); err != nil {
 		return rec, err
 	}
+	left := rec.missing
 	if rec.missing > 0 {
 		var (
 			fenced       bool
@@ -196,13 +205,20 @@ func (x *execution) reconcile(ctx context.Context, tx pgx.Tx) (reconciliation, e
 		for i := range firsts {
 			rec.shown = append(rec.shown, [2]int64{firsts[i], last[i]})
 		}
-		var left int64
 		if err := tx.QueryRow(ctx, sqlReconcile, x.period.String(), x.cut.start, x.cut.end, x.cut.at).
-			Scan(&rec.population, &left); err != nil {
+			Scan(&rec.population, &left, &invoiced); err != nil {
 			return rec, err
 		}
 		if left > 0 {
 			return rec, &UnreconciledError{Period: x.period, Missing: left}
+		}
+	}
+	// "Exactly the population" also means no invoice beyond it; those are
+	// reported, not deleted (an invoice is evidence).
+	if rec.outside = invoiced - (rec.population - left); rec.outside > 0 {
+		if err := tx.QueryRow(ctx, sqlOutsidePopulation, x.period.String(), x.cut.start, x.cut.end, x.cut.at, maxOutsideIDs).
+			Scan(&rec.outsideIDs); err != nil {
+			return rec, err
 		}
 	}
 	rec.took = time.Since(began)
