@@ -12,6 +12,7 @@ import (
 	"github.com/telco-platform/coordinator/internal/billrun"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/ownership"
 )
 
 // Every count of run.completed is the database's, for a run resumed after
@@ -119,3 +120,97 @@ var errBoom = boomError{}
 type boomError struct{}
 
 func (boomError) Error() string { return "boom" }
+
+// A COMPLETED row lost with the last batches before it (a failover to an
+// asynchronous replica: the row is RUNNING again, the batches' records and
+// invoices gone) is run again by the resumer: every subscriber invoiced
+// exactly once, a second run.completed with another id, counts from the
+// database.
+func TestALostCompletionIsRunAgainExactlyOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	seeded := b.seed(t, billrun.SeedConfig{Subscribers: 200, SuspendedRatio: 0.1, Usage: true})
+	r := b.runner(billrun.Config{BatchSize: 20, Workers: 2})
+	res := r.Run(ctx, period, trig())
+	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
+	batches := b.count(t, `select count(*) from bill_run_batches where period = $1`, period.String())
+	_, lostSubs, err := b.loseBatches(ctx, period, int(batches)-1, int(batches))
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `update bill_runs set status = 'RUNNING', finished_at = null, completed_event_at = null where period = $1`, period.String())
+	require.NoError(t, err)
+
+	scanOnce(t, b.runner(billrun.Config{BatchSize: 20}).template, time.Hour)
+	st, err := r.Status(ctx, period)
+	require.NoError(t, err)
+	require.Equal(t, billrun.StatusCompleted, st.Status, st.LastError)
+	require.Equal(t, int64(2), st.Fence)
+	b.requireExactlyOnce(t, period)
+	done := b.rec.OfType(events.RunCompleted)
+	require.Len(t, done, 2)
+	require.NotEqual(t, done[0].ID, done[1].ID)
+	require.EqualValues(t, lostSubs, done[1].Extra[billrun.CountInvoicesCreated], "the lost batches billed again by the second claim")
+	require.EqualValues(t, seeded.Active, done[1].Extra[billrun.CountPopulation])
+	require.EqualValues(t, seeded.Active, done[1].Extra[billrun.CountPeriodInvoicesCreated])
+	require.EqualValues(t, 0, done[1].Extra[billrun.CountRepaired], "their records were lost too: planned and billed as batches")
+}
+
+// An immediate restart of a server that acknowledges commits early, while
+// the completion's repair is inserting, rolls the completion back whole;
+// it is tried again once the server is back and completes with the gap
+// billed once, durably.
+func TestARestartDuringTheRepairIsSafe(t *testing.T) {
+	t.Parallel()
+	srv, pool := ownServer(t, "synchronous_commit=off", "wal_writer_delay=10s", "autovacuum=off")
+	ctx := context.Background()
+	locker := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "replica-a"})
+	defer locker.Close()
+	b := &bundle{pool: pool, locker: locker, rec: &events.Recorder{}}
+	subs := make([]sub, 0, 10)
+	for id := int64(1); id <= 10; id++ {
+		subs = append(subs, sub{id: id, status: "ACTIVE", fee: 1000, usage: id})
+	}
+	b.insertSubs(t, period, subs)
+	gate, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer gate.Release()
+	_, err = gate.Exec(ctx, `select pg_advisory_lock(230418)`)
+	require.NoError(t, err)
+	var n atomic.Int64
+	hook := func(ctx context.Context, _, _ int64) error {
+		if n.Add(1) != 2 {
+			return nil
+		}
+		_, err := pool.Exec(ctx, `
+			delete from invoices where period = '`+period.String()+`' and subscriber_id = 1;
+			create function gate_invoice() returns trigger language plpgsql as $$
+			begin perform pg_advisory_xact_lock_shared(230418); return new; end $$;
+			create trigger gate_invoice before insert on invoices for each row
+			when (new.subscriber_id = 1) execute function gate_invoice();
+			checkpoint`)
+		return err
+	}
+	result := make(chan job.Result, 1)
+	go func() {
+		result <- b.runner(billrun.WithBeforeBatch(billrun.Config{BatchSize: 5, Workers: 1, RetryBackoff: 100 * time.Millisecond}, hook)).
+			Run(ctx, period, trig())
+	}()
+	require.Eventually(t, func() bool {
+		var w int64
+		return pool.QueryRow(ctx, `select count(*) from pg_stat_activity where wait_event_type = 'Lock' and wait_event = 'advisory'`).Scan(&w) == nil && w == 1
+	}, 30*time.Second, 20*time.Millisecond, "the repair reaches the gate")
+	srv.Kill() // the gate's session ends with it
+	srv.Start()
+	res := <-result
+	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
+	// Subscriber 1, and batch 2's subscribers if the restart lost its commit.
+	require.GreaterOrEqual(t, res.Counts[billrun.CountRepaired], int64(1))
+	srv.Kill()
+	srv.Start()
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		st, err := billrun.ReadStatus(ctx, pool, period)
+		require.NoError(c, err)
+		require.Equal(c, billrun.StatusCompleted, st.Status)
+	}, 30*time.Second, 50*time.Millisecond)
+	b.requireInvoices(t, period, time.UTC, subs)
+}
