@@ -66,18 +66,18 @@ func TestCompletedCountsAreWhatTheDatabaseSays(t *testing.T) {
 	}
 	want[billrun.CountPeriodSubscribers] = want[billrun.CountPopulation]
 	for k, v := range want {
-		assert.Equal(t, v, res.Counts[k], "run result %s", k)
+		require.Equal(t, v, res.Counts[k], "run result %s", k)
 	}
 	done := b.rec.OfType(events.RunCompleted)
 	require.Len(t, done, 1)
 	for k, v := range want {
-		assert.EqualValues(t, v, done[0].Extra[k], "run.completed %s", k)
+		require.EqualValues(t, v, done[0].Extra[k], "run.completed %s", k)
 	}
 	st, err := second.Status(ctx, period)
 	require.NoError(t, err)
-	assert.Equal(t, want[billrun.CountPopulation], st.Counts[billrun.CountPopulation])
-	assert.Equal(t, want[billrun.CountRepaired], st.Counts[billrun.CountRepaired])
-	assert.Equal(t, want[billrun.CountPeriodInvoicesCreated], st.Counts[billrun.CountInvoicesCreated])
+	require.Equal(t, want[billrun.CountPopulation], st.Counts[billrun.CountPopulation])
+	require.Equal(t, want[billrun.CountRepaired], st.Counts[billrun.CountRepaired])
+	require.Equal(t, want[billrun.CountPeriodInvoicesCreated], st.Counts[billrun.CountInvoicesCreated])
 }
 
 // The repair bills a lost batch exactly as the batch would have, in a

@@ -3,6 +3,7 @@ package billrun_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -41,12 +42,8 @@ func TestProcessLostCommitsNeverCompleteAGap(t *testing.T) {
 		return n
 	}
 	for _, at := range []int64{40, 110} {
-		if !assert.EventuallyWithT(t, func(c *assert.CollectT) { require.GreaterOrEqual(c, batches(c), at) }, 60*time.Second, 20*time.Millisecond) {
-			for _, r := range reps {
-				t.Logf("%s:\n%s\n%s", r.id, r.stdout.String(), r.logs())
-			}
-			t.FailNow()
-		}
+		require.EventuallyWithT(t, func(c *assert.CollectT) { require.GreaterOrEqual(c, batches(c), at) }, 60*time.Second, 20*time.Millisecond,
+			"replicas' logs: %s", replicaLogs(reps))
 		srv.Kill()
 		srv.Start()
 		pool.Reset() // the test's own connections died with the server
@@ -76,4 +73,15 @@ func TestProcessLostCommitsNeverCompleteAGap(t *testing.T) {
 	require.Equal(t, w.count(t, `select count(*) from invoices where period = $1 and bill_run_fence = $2`, period.String(), res.Fence),
 		res.Counts[billrun.CountInvoicesCreated])
 	require.Equal(t, billrun.StatusCompleted, statusOf(t, w).Status)
+}
+
+// replicaLogs formats the replicas' logs when printed (a failure message).
+type replicaLogs []*replica
+
+func (rs replicaLogs) String() string {
+	var out strings.Builder
+	for _, r := range rs {
+		fmt.Fprintf(&out, "\n%s:\n%s", r.id, r.logs())
+	}
+	return out.String()
 }
