@@ -75,15 +75,16 @@
 //     (c) INSERT into bill_run_batches (range, fence, owner, counts); the
 //     statement's end commits.
 //  5. Complete (complete.go), once every planned batch committed: one
-//     transaction that holds the row under the fence (FOR NO KEY UPDATE)
-//     reconciles the period in the database (sqlReconcile: the population
+//     transaction, one snapshot (REPEATABLE READ), that holds the row
+//     under the fence (FOR NO KEY UPDATE) reconciles the period in the
+//     database (sqlReconcile: the population
 //     at the cutoff, anti-joined with the period's invoices), bills any
 //     member without an invoice under the same fence (sqlRepair: sqlBatch's
 //     fence check and invoicing, ON CONFLICT DO NOTHING; counted as
 //     repaired, logged with the id ranges), checks none is left, and marks
 //     the row COMPLETED with the counts read back from the database
 //     (sqlFinish), committing with synchronous_commit on; then run.completed
-//     (with population, repaired, empty_population), release
+//     (with population, repaired, outside_population, empty_population), release
 //     (ownership.released), outcome completed. A gap it cannot close rolls
 //     back: FAILED, retryable, and it pages. Subscribers found already
 //     invoiced are reported in one billrun.invoice_conflict event (count and

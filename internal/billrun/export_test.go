@@ -43,6 +43,7 @@ func Reconcile(ctx context.Context, pool *pgxpool.Pool, p Period, start, end, cu
 	if _, err := tx.Exec(ctx, `select set_config('enable_nestloop', 'off', true), set_config('jit', 'off', true)`); err != nil {
 		return 0, 0, err
 	}
-	err = tx.QueryRow(ctx, sqlReconcile, p.String(), start, end, cutoff).Scan(&population, &missing)
+	var invoiced int64
+	err = tx.QueryRow(ctx, sqlReconcile, p.String(), start, end, cutoff).Scan(&population, &missing, &invoiced)
 	return population, missing, err
 }
