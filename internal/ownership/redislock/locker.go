@@ -285,8 +285,10 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 	answered := false // Redis has said at least once that the lock is held
 	var late error    // the last acquisition came back too late to trust
 	watching := false
+	asked, lastTry := false, false
 	for {
-		if w.attempt(&l.wmu) {
+		if w.attempt(&l.wmu) || lastTry {
+			asked = true
 			if cerr := ctx.Err(); cerr != nil && answered {
 				// The caller gave up while the timer or a wake also fired
 				// (select picks either): nothing is sent, and the answer is
@@ -294,7 +296,9 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 				return nil, ownership.AlreadyOwned(key, cmp.Or(owner, q.lastOwner(&l.wmu)), cerr)
 			}
 			sent := time.Now()
-			res, err := l.runAcquire(ctx, deadline, key, token, ttlMS, q.isQueued(&l.wmu))
+			// A last try out of turn may find this Locker queued by the
+			// head: '+' lets an acquisition take the entry out.
+			res, err := l.runAcquire(ctx, deadline, key, token, ttlMS, q.isQueued(&l.wmu) || lastTry)
 			if err != nil {
 				// The script may have run (only its reply was lost, or ctx
 				// ended while it was in flight): delete what it wrote.
@@ -350,6 +354,13 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 		switch {
 		case remaining <= 0 && late != nil:
 			return nil, ownership.Unavailable(key, late)
+		case remaining <= 0 && !asked && cmp.Or(owner, q.lastOwner(&l.wmu)) == "":
+			// Waited behind another caller of this process whose ask is
+			// still unanswered: nobody here knows whether, or by whom, the
+			// lock is held. One try of its own, as a zero wait gets, so
+			// that already_owned names the owner.
+			lastTry = true
+			continue
 		case remaining <= 0:
 			return nil, ownership.AlreadyOwned(key, cmp.Or(owner, q.lastOwner(&l.wmu)), nil)
 		}
