@@ -24,6 +24,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/ownership"
 )
@@ -97,6 +99,14 @@ func Run(ctx context.Context, c Config) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "coordinator lock: %v\n", err)
 		return job.ExitUsage
+	}
+	// The command runs as our user, and a process of the same user may
+	// read another's /proc/PID/environ and mem: there our environment is as
+	// it was given, secrets and all. Not dumpable, those are closed to it
+	// (the command itself is dumpable again after its exec).
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		fmt.Fprintf(stderr, "coordinator lock: prctl(PR_SET_DUMPABLE): %v\n", err)
+		return job.ExitFailed
 	}
 
 	// The caller leaves signals to us: the first is forwarded, a second
