@@ -234,8 +234,14 @@ var errClosed = errors.New("redislock: locker closed")
 
 // Acquire implements ownership.Locker.
 func (l *Locker) Acquire(ctx context.Context, key string, lease time.Duration) (ownership.Lease, error) {
+	return l.AcquireWithin(ctx, key, lease, l.cfg.WaitTime)
+}
+
+// AcquireWithin implements ownership.WaitLocker: Acquire with a wait of
+// its own (0: one try).
+func (l *Locker) AcquireWithin(ctx context.Context, key string, lease, wait time.Duration) (ownership.Lease, error) {
 	start := time.Now()
-	le, err := l.acquire(ctx, key, lease, start)
+	le, err := l.acquire(ctx, key, lease, start, max(wait, 0))
 	if !errors.Is(err, ownership.ErrInvalidKey) {
 		outcome := ownership.AcquireOutcome(err)
 		if err == nil {
@@ -248,7 +254,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, lease time.Duration) (
 	return le, err
 }
 
-func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, start time.Time) (ownership.Lease, error) {
+func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, start time.Time, wait time.Duration) (ownership.Lease, error) {
 	if err := ownership.ValidateKey(key); err != nil {
 		return nil, err
 	}
@@ -275,7 +281,7 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 	if l.cfg.MinTrust > 0 && l.cfg.MinTrust >= ttl-ownership.SafetyMargin(ttl) {
 		return nil, fmt.Errorf("%w: a lease of %s for %q is never trusted for Config.MinTrust %s", ownership.ErrInvalidKey, ttl, key, l.cfg.MinTrust)
 	}
-	deadline := start.Add(l.cfg.WaitTime)
+	deadline := start.Add(wait)
 	token := l.newToken()
 	ttlMS := max(ttl.Milliseconds(), 1)
 
@@ -782,6 +788,6 @@ func (l *Locker) Ping(ctx context.Context) error {
 }
 
 var (
-	_ ownership.Locker    = (*Locker)(nil)
-	_ ownership.Inspector = (*Locker)(nil)
+	_ ownership.WaitLocker = (*Locker)(nil)
+	_ ownership.Inspector  = (*Locker)(nil)
 )
