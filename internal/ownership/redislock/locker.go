@@ -234,8 +234,14 @@ var errClosed = errors.New("redislock: locker closed")
 
 // Acquire implements ownership.Locker.
 func (l *Locker) Acquire(ctx context.Context, key string, lease time.Duration) (ownership.Lease, error) {
+	return l.AcquireWithin(ctx, key, lease, l.cfg.WaitTime)
+}
+
+// AcquireWithin implements ownership.WaitLocker: Acquire with a wait of
+// its own (0: one try).
+func (l *Locker) AcquireWithin(ctx context.Context, key string, lease, wait time.Duration) (ownership.Lease, error) {
 	start := time.Now()
-	le, err := l.acquire(ctx, key, lease, start)
+	le, err := l.acquire(ctx, key, lease, start, max(wait, 0))
 	if !errors.Is(err, ownership.ErrInvalidKey) {
 		outcome := ownership.AcquireOutcome(err)
 		if err == nil {
@@ -248,7 +254,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, lease time.Duration) (
 	return le, err
 }
 
-func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, start time.Time) (ownership.Lease, error) {
+func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, start time.Time, wait time.Duration) (ownership.Lease, error) {
 	if err := ownership.ValidateKey(key); err != nil {
 		return nil, err
 	}
@@ -275,7 +281,7 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 	if l.cfg.MinTrust > 0 && l.cfg.MinTrust >= ttl-ownership.SafetyMargin(ttl) {
 		return nil, fmt.Errorf("%w: a lease of %s for %q is never trusted for Config.MinTrust %s", ownership.ErrInvalidKey, ttl, key, l.cfg.MinTrust)
 	}
-	deadline := start.Add(l.cfg.WaitTime)
+	deadline := start.Add(wait)
 	token := l.newToken()
 	ttlMS := max(ttl.Milliseconds(), 1)
 
@@ -285,8 +291,10 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 	answered := false // Redis has said at least once that the lock is held
 	var late error    // the last acquisition came back too late to trust
 	watching := false
+	asked, lastTry := false, false
 	for {
-		if w.attempt(&l.wmu) {
+		if w.attempt(&l.wmu) || lastTry {
+			asked = true
 			if cerr := ctx.Err(); cerr != nil && answered {
 				// The caller gave up while the timer or a wake also fired
 				// (select picks either): nothing is sent, and the answer is
@@ -294,7 +302,9 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 				return nil, ownership.AlreadyOwned(key, cmp.Or(owner, q.lastOwner(&l.wmu)), cerr)
 			}
 			sent := time.Now()
-			res, err := l.runAcquire(ctx, deadline, key, token, ttlMS, q.isQueued(&l.wmu))
+			// A last try out of turn may find this Locker queued by the
+			// head: '+' lets an acquisition take the entry out.
+			res, err := l.runAcquire(ctx, deadline, key, token, ttlMS, q.isQueued(&l.wmu) || lastTry)
 			if err != nil {
 				// The script may have run (only its reply was lost, or ctx
 				// ended while it was in flight): delete what it wrote.
@@ -357,6 +367,13 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 		switch {
 		case remaining <= 0 && late != nil:
 			return nil, ownership.Unavailable(key, late)
+		case remaining <= 0 && !asked && cmp.Or(owner, q.lastOwner(&l.wmu)) == "":
+			// Waited behind another caller of this process whose ask is
+			// still unanswered: nobody here knows whether, or by whom, the
+			// lock is held. One try of its own, as a zero wait gets, so
+			// that already_owned names the owner.
+			lastTry = true
+			continue
 		case remaining <= 0:
 			return nil, ownership.AlreadyOwned(key, cmp.Or(owner, q.lastOwner(&l.wmu)), nil)
 		}
@@ -778,6 +795,6 @@ func (l *Locker) Ping(ctx context.Context) error {
 }
 
 var (
-	_ ownership.Locker    = (*Locker)(nil)
-	_ ownership.Inspector = (*Locker)(nil)
+	_ ownership.WaitLocker = (*Locker)(nil)
+	_ ownership.Inspector  = (*Locker)(nil)
 )
