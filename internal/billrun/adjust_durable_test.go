@@ -40,7 +40,7 @@ func TestAdjustmentIsDurableOnceReported(t *testing.T) {
 	_, err := pool.Exec(ctx, `checkpoint`)
 	require.NoError(t, err)
 
-	res = r.template.Run(ctx, r.kind, billrun.Request{Period: period, Adjust: true}, trig())
+	res = r.template.Run(ctx, r.kind, params(r.kind, billrun.Request{Period: period, Adjust: true}), trig())
 	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
 	require.Equal(t, int64(2), res.Counts[billrun.CountInvoicesCreated])
 
