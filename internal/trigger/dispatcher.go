@@ -3,6 +3,7 @@ package trigger
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -223,7 +224,10 @@ func (d *Dispatcher) Shutdown(ctx context.Context) {
 // owned.Scheduler with a spec. A tick's params are the kind's Tick at the
 // tick's scheduled time (a catch-up's is the missed tick's). A tick's work
 // runs detached from the cron's own cancellation: shutdown gives it the
-// dispatcher's bound (COORDINATOR_SHUTDOWN_TIMEOUT) to finish.
+// dispatcher's bound (COORDINATOR_SHUTDOWN_TIMEOUT) to finish. A tick whose
+// result is not finished with (job.Result.Handled: not completed, not
+// failed for good, not recorded for the resumer) returns a
+// *TickNotDurableError, and the cron runs it again.
 func (d *Dispatcher) CronJobs() []CronJob {
 	var jobs []CronJob
 	for _, k := range d.Kinds().Kinds() {
@@ -233,14 +237,37 @@ func (d *Dispatcher) CronJobs() []CronJob {
 		}
 		spec := s.Schedule()
 		loc := ScheduleLocation(spec)
-		jobs = append(jobs, CronJob{Name: k.Spec().Name, Spec: spec, Run: func(ctx context.Context, t job.Trigger, at time.Time) {
+		jobs = append(jobs, CronJob{Name: k.Spec().Name, Spec: spec, Run: func(ctx context.Context, t job.Trigger, at time.Time) error {
 			p, err := s.Tick(at.In(loc))
-			if err != nil {
+			if err != nil { // the kind's own configuration: trying again changes nothing
 				d.log.Error("cron_tick_failed", "job", k.Spec().Name, "request_id", t.RequestID, "error", err)
-				return
+				return nil
 			}
-			_, _ = d.Run(context.WithoutCancel(ctx), k, p, t)
+			res, err := d.Run(context.WithoutCancel(ctx), k, p, t)
+			switch {
+			case err != nil:
+				return err
+			case !res.Handled():
+				return &TickNotDurableError{Result: res}
+			}
+			return nil
 		}})
 	}
 	return jobs
+}
+
+// TickNotDurableError is a cron tick whose run neither finished nor was
+// recorded for the resumer: lost or failed transiently with its request
+// unrecorded (Postgres down), the lock backend unavailable for a kind
+// without a resumer, and the like. The cron runs the tick again.
+type TickNotDurableError struct {
+	Result job.Result
+}
+
+func (e *TickNotDurableError) Error() string {
+	msg := fmt.Sprintf("%s ended %s and is not recorded for the resumer", e.Result.Key, e.Result.Outcome)
+	if e.Result.Error != "" {
+		msg += ": " + e.Result.Error
+	}
+	return msg
 }
