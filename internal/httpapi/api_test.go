@@ -60,7 +60,9 @@ type fakeDispatcher struct {
 	mu         sync.Mutex
 	outcomes   map[string]job.Outcome
 	sweep      job.Outcome
-	err        error
+	// sweepRetryable marks a failed sweep's cause transient.
+	sweepRetryable bool
+	err            error
 	errOutcome job.Outcome
 	triggers   []job.Trigger
 }
@@ -91,8 +93,12 @@ func (f *fakeDispatcher) Start(_ context.Context, k owned.Kind, p owned.Params, 
 		res.Error = "dial tcp 127.0.0.1:1: connection refused"
 	case job.OutcomeFailed:
 		res.Error = "batch 3: boom"
-		if period == "2026-05" {
+		switch period {
+		case "2026-05":
 			res.Error, res.BadInput = "bad input: period 2026-05's bill run is RUNNING, not COMPLETED: finish it first", true
+		case "2026-06", "2026-07":
+			// Postgres down at the claim; recorded for the resumer (07) or not (06).
+			res.Error, res.Retryable, res.Deferred = "billrun: claim: dial tcp: connection refused", true, period == "2026-07"
 		}
 	}
 	return res, false, nil
@@ -108,7 +114,8 @@ func (f *fakeDispatcher) Run(_ context.Context, k owned.Kind, p owned.Params, t 
 	if f.err != nil {
 		return job.Result{Outcome: f.errOutcome}, f.err
 	}
-	res := job.Result{Job: k.Spec().Name, Key: k.LockKey(p), Replica: "r1", Outcome: cmpOutcome(f.sweep), RequestID: t.RequestID}
+	res := job.Result{Job: k.Spec().Name, Key: k.LockKey(p), Replica: "r1", Outcome: cmpOutcome(f.sweep), RequestID: t.RequestID,
+		Retryable: f.sweepRetryable}
 	if res.Outcome == job.OutcomeCompleted {
 		res.Counts = map[string]int64{"freed": 3}
 	}
@@ -198,6 +205,8 @@ func setup(t *testing.T, mod func(*httpapi.Config)) bundle {
 		"2026-03": job.OutcomeUnavailable,
 		"2026-04": job.OutcomeFailed,
 		"2026-05": job.OutcomeFailed, // on the caller's input (BadInput)
+		"2026-06": job.OutcomeFailed, // transiently, not recorded
+		"2026-07": job.OutcomeFailed, // transiently, recorded for the resumer
 	}}
 	reg := prometheus.NewRegistry()
 	logs := &syncBuffer{}
@@ -455,6 +464,8 @@ func TestPostBillRun(t *testing.T) {
 		{"unavailable", `{"period":"2026-03"}`, http.StatusServiceUnavailable, httpapi.CodeLockAcquisitionFailed, "unavailable", "", "billrun:2026-03"},
 		{"failed", `{"period":"2026-04"}`, http.StatusInternalServerError, httpapi.CodeRunFailed, "failed", "", "billrun:2026-04"},
 		{"failed on the caller's input", `{"period":"2026-05","adjust":true}`, http.StatusUnprocessableEntity, httpapi.CodeBadInput, "bad_input", "", "billrun:2026-05"},
+		{"failed transiently, not recorded", `{"period":"2026-06"}`, http.StatusServiceUnavailable, httpapi.CodeBackendUnavailable, "failed", "", "billrun:2026-06"},
+		{"failed transiently, recorded", `{"period":"2026-07"}`, http.StatusAccepted, "", "", "", ""},
 		{"bad period", `{"period":"2026-13"}`, http.StatusBadRequest, httpapi.CodeBadInput, "bad_period", "", ""},
 		{"missing period", `{}`, http.StatusBadRequest, httpapi.CodeBadInput, "missing_period", "", ""},
 		{"empty body", ``, http.StatusBadRequest, httpapi.CodeBadInput, "missing_period", "", ""},
@@ -486,10 +497,28 @@ func TestPostBillRun(t *testing.T) {
 				require.Contains(t, r.problem.Detail, c.owner)
 			}
 			if c.code == http.StatusServiceUnavailable {
-				require.NotEmpty(t, r.header.Get("Retry-After"))
+				require.Equal(t, "5", r.header.Get("Retry-After"))
+				require.True(t, r.problem.Retryable, "a 503 says it is retryable")
+			} else {
+				require.False(t, r.problem.Retryable)
 			}
 		})
 	}
+	t.Run("deferred", func(t *testing.T) {
+		r := b.do(t, "POST", "/v1/billruns", `{"period":"2026-07"}`)
+		require.Equal(t, http.StatusAccepted, r.code, string(r.body))
+		var got map[string]any
+		require.NoError(t, json.Unmarshal(r.body, &got))
+		require.Equal(t, "deferred", got["status"], "recorded: the resumer owes the run")
+		require.Equal(t, true, got["deferred"])
+		require.Equal(t, true, got["retryable"])
+		require.Empty(t, r.header.Get("Location"))
+	})
+	t.Run("not recorded says so", func(t *testing.T) {
+		r := b.do(t, "POST", "/v1/billruns", `{"period":"2026-06"}`)
+		require.Contains(t, r.problem.Detail, "not recorded")
+		require.Contains(t, r.problem.Detail, "connection refused")
+	})
 	t.Run("wrong content type", func(t *testing.T) {
 		r := b.do(t, "POST", "/v1/billruns", `period=2026-11`, "Content-Type", "application/x-www-form-urlencoded")
 		require.Equal(t, http.StatusUnsupportedMediaType, r.code)
@@ -601,16 +630,24 @@ func TestSweep(t *testing.T) {
 		{job.OutcomeUnavailable, http.StatusServiceUnavailable, httpapi.CodeLockAcquisitionFailed, ""},
 		{job.OutcomeLost, http.StatusServiceUnavailable, httpapi.CodeOwnershipLost, ""},
 		{job.OutcomeFailed, http.StatusInternalServerError, httpapi.CodeRunFailed, ""},
+		{"failed_transiently", http.StatusServiceUnavailable, httpapi.CodeBackendUnavailable, ""},
 	}
 	for _, c := range cases {
 		t.Run(string(c.outcome), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, nil)
 			b.disp.sweep = c.outcome
+			if c.outcome == "failed_transiently" { // a failure of a transient cause: never a 500
+				b.disp.sweep, b.disp.sweepRetryable = job.OutcomeFailed, true
+			}
 			r := b.do(t, "POST", "/v1/msisdn-reaper/sweeps", "")
 			require.Equal(t, c.code, r.code, string(r.body))
 			require.Equal(t, c.problem, r.problem.Code)
 			require.Equal(t, c.owner, r.problem.Owner)
+			require.Equal(t, c.code == http.StatusServiceUnavailable, r.problem.Retryable)
+			if c.code == http.StatusServiceUnavailable {
+				require.Equal(t, "5", r.header.Get("Retry-After"))
+			}
 			if c.problem != "" {
 				require.Equal(t, "msisdn-reaper:sweep", r.problem.LockKey)
 			} else {
