@@ -63,8 +63,8 @@ type fakeDispatcher struct {
 	// sweepRetryable marks a failed sweep's cause transient.
 	sweepRetryable bool
 	err            error
-	errOutcome job.Outcome
-	triggers   []job.Trigger
+	errOutcome     job.Outcome
+	triggers       []job.Trigger
 }
 
 func (f *fakeDispatcher) Start(_ context.Context, k owned.Kind, p owned.Params, t job.Trigger) (job.Result, bool, error) {

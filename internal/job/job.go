@@ -49,10 +49,10 @@ const (
 
 // Exit codes of `coordinator run` and `coordinator lock` (docs/contract.md).
 const (
-	ExitOK           = 0
-	ExitFailed       = 1
-	ExitUsage        = 64 // EX_USAGE
-	ExitUnavailable  = 69 // EX_UNAVAILABLE
+	ExitOK          = 0
+	ExitFailed      = 1
+	ExitUsage       = 64 // EX_USAGE
+	ExitUnavailable = 69 // EX_UNAVAILABLE
 	// ExitTempFail (EX_TEMPFAIL): try again later. The lock was owned by
 	// another holder, or the run failed for a transient cause (Postgres
 	// unreachable, say): the result's outcome tells which.
