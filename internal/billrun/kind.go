@@ -39,6 +39,12 @@ type Kind struct {
 // defaults named on Config.
 func New(cfg Config) *Kind { return &Kind{cfg: cfg} }
 
+// RejectReasons are the reasons the bill run's Decode rejects a trigger
+// with, besides the shared ones (owned.RejectReasoner).
+func (*Kind) RejectReasons() []string {
+	return []string{ReasonMissingPeriod, ReasonBadPeriod, ReasonKeyMismatch, ReasonPeriodNotClosed, ReasonPeriodTooOld}
+}
+
 var (
 	_ owned.Kind        = (*Kind)(nil)
 	_ owned.StatusKind  = (*Kind)(nil)

@@ -74,6 +74,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Invoice adjustments inserted by adjustment runs (late usage).",
 		}),
 	}
+	// Every outcome at 0 from the start: an alert's increase() sees the
+	// first failure after a replica starts (a counter first seen at 1 has
+	// no increase).
+	for _, o := range []job.Outcome{job.OutcomeCompleted, job.OutcomeAlreadyCompleted, job.OutcomeAlreadyOwned,
+		job.OutcomeUnavailable, job.OutcomeLost, job.OutcomeFailed} {
+		m.runs.WithLabelValues(string(o))
+	}
 	if reg != nil {
 		reg.MustRegister(m.runs, m.batches, m.phase, m.invoices, m.already, m.conflicts, m.runningRuns, m.lateUsage, m.adjustments)
 	}

@@ -177,6 +177,10 @@ func New(cfg Config) (*API, error) {
 		Help:    "Admin API request duration by route.",
 		Buckets: prometheus.DefBuckets,
 	}, []string{"route"})
+	// At 0 from the start, so an alert's increase() counts the first refusals.
+	for _, reason := range []string{authDisabled, authMissingToken, authInvalidToken, authMissingScope} {
+		a.authFailures.WithLabelValues(reason)
+	}
 	if cfg.Registerer != nil {
 		for _, c := range []prometheus.Collector{a.requests, a.duration, a.authFailures} {
 			if err := cfg.Registerer.Register(c); err != nil {

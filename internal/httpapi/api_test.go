@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -797,4 +798,23 @@ func TestPostBillRunOpenPeriodIs422(t *testing.T) {
 	require.Equal(t, "2026-12", r.problem.Fields["period"])
 	require.Equal(t, "2027-01-01T00:00:00Z", r.problem.Fields["period_end"])
 	require.Empty(t, b.disp.triggers, "nothing was dispatched")
+}
+
+// Every reason of coordinator_http_auth_failures_total is at 0 before the
+// first refusal, so CoordinatorAdminAuthFailures' increase() counts a burst
+// right after a replica starts (a series first seen at 1 would lose one).
+func TestAuthFailureSeriesExistAtZero(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	n, err := testutil.GatherAndCount(b.reg, "coordinator_http_auth_failures_total")
+	require.NoError(t, err)
+	require.Equal(t, 4, n, "disabled, missing_token, invalid_token, missing_scope")
+	require.NoError(t, testutil.GatherAndCompare(b.reg, strings.NewReader(`
+# HELP coordinator_http_auth_failures_total Admin API requests refused by authentication or authorization, by reason.
+# TYPE coordinator_http_auth_failures_total counter
+coordinator_http_auth_failures_total{reason="disabled"} 0
+coordinator_http_auth_failures_total{reason="invalid_token"} 0
+coordinator_http_auth_failures_total{reason="missing_scope"} 0
+coordinator_http_auth_failures_total{reason="missing_token"} 0
+`), "coordinator_http_auth_failures_total"))
 }

@@ -24,6 +24,22 @@ const (
 	ReasonBadInput = "bad_input"
 )
 
+// SharedRejectReasons are the reasons above: every kind's trigger may be
+// rejected with any of them.
+func SharedRejectReasons() []string {
+	return []string{ReasonTooLarge, ReasonMalformedJSON, ReasonBadRequestID, ReasonBadRequester, ReasonUnknownTopic, ReasonBadInput}
+}
+
+// RejectReasoner is a Kind whose Decode rejects triggers with reasons of
+// its own besides the shared ones. The Kafka consumer creates
+// coordinator_trigger_rejected_total{topic,reason} at 0 for each reason a
+// topic's kind can give, so the dead-letter alert's increase() sees the
+// first rejection after a start (a counter that first appears at 1 has no
+// increase).
+type RejectReasoner interface {
+	RejectReasons() []string
+}
+
 // RejectError says why a trigger can never be run, however often it is
 // retried. It matches job.ErrBadInput.
 type RejectError struct {

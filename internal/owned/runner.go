@@ -87,7 +87,11 @@ func NewRunner(reg *Registry, d Deps, emit events.Emitter) (*Runner, error) {
 		r.workers[name] = w
 	}
 	var err error
-	if r.m, err = newMetrics(d.Registerer, &r.inFlight); err != nil {
+	names := make([]string, 0, len(r.workers))
+	for _, k := range reg.Kinds() {
+		names = append(names, k.Spec().Name)
+	}
+	if r.m, err = newMetrics(d.Registerer, &r.inFlight, names); err != nil {
 		return nil, err
 	}
 	return r, nil

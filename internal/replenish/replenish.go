@@ -82,6 +82,12 @@ func (Kind) Spec() owned.Spec {
 		Usage: "--first N --count K | MSISDN...", Topic: Topic, HTTPPath: "/v1/msisdn-pool/replenishments"}
 }
 
+// RejectReasons are the reasons Decode rejects a replenishment with,
+// besides the shared ones (owned.RejectReasoner).
+func (Kind) RejectReasons() []string {
+	return []string{ReasonMissingNumbers, ReasonConflictingNumbers, ReasonBadMSISDN, ReasonBadCount, ReasonBadRange}
+}
+
 // Decode reads {"first":"...","count":K} or {"msisdns":[...]}.
 func (Kind) Decode(in owned.Input) (owned.Params, error) {
 	var w struct {

@@ -484,7 +484,7 @@ func (r *Replica) startHTTP(ctx context.Context) error {
 	api, err := httpapi.New(httpapi.Config{
 		Replica: r.cfg.ReplicaID, Tokens: r.cfg.AdminTokenSet(), Kinds: r.rc.Kinds, Dispatcher: r.disp,
 		Locks: inspector, Health: r.health,
-		Metrics: promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg}),
+		Metrics: promhttp.HandlerFor(telemetry.Gatherer(r.reg), promhttp.HandlerOpts{Registry: r.reg}),
 		Log:     r.log, Registerer: r.reg,
 	})
 	if err != nil {

@@ -13,11 +13,13 @@ import (
 	"github.com/telco-platform/coordinator/internal/billrun"
 	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/events"
+	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/migrate"
 	"github.com/telco-platform/coordinator/internal/owned"
 	"github.com/telco-platform/coordinator/internal/ownership/redislock"
 	"github.com/telco-platform/coordinator/internal/postgres"
 	"github.com/telco-platform/coordinator/internal/testenv"
+	"github.com/telco-platform/coordinator/internal/topics"
 	"github.com/telco-platform/coordinator/internal/trigger"
 )
 
@@ -114,4 +116,44 @@ func labelledCounter(t *testing.T, reg *prometheus.Registry, name string, labels
 		}
 	}
 	return -1
+}
+
+// The series the alerts read exist at 0 from the start: for every trigger
+// topic its retries, DLQ write failures and a rejection for each reason its
+// kind can give (shared ones, the kind's own, batch_too_large); for every
+// scheduled job its panics and dropped ticks. A counter that first appears
+// at 1 has no increase(), so CoordinatorTriggerDLQGrowing,
+// CoordinatorCronTickPanicked and CoordinatorCronTickDropped would miss the
+// first occurrence after a replica starts.
+func TestAlertedSeriesExistAtZeroFromTheStart(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	m := trigger.NewMetrics(reg)
+	kinds, err := owned.NewRegistry(testBills())
+	require.NoError(t, err)
+	names := topics.New("p", kinds.Topics()...)
+	_, err = trigger.NewKafkaConsumer(trigger.KafkaConfig{Brokers: []string{"127.0.0.1:1"}, Group: "g", Kinds: kinds, Topics: names,
+		Replica: "r1"}, newFake(nil), nil, nil, m)
+	require.NoError(t, err)
+	c, err := trigger.NewCron(trigger.CronConfig{Replica: "r1", Metrics: m},
+		trigger.CronJob{Name: "billrun", Spec: "@every 1h", Run: func(context.Context, job.Trigger, time.Time) error { return nil }})
+	require.NoError(t, err)
+	c.Stop()
+
+	topic := names.Topic(billrun.Topic)
+	reasons := append(owned.SharedRejectReasons(), trigger.ReasonBatchTooLarge, billrun.ReasonPeriodNotClosed, billrun.ReasonBadPeriod)
+	for _, reason := range reasons {
+		require.Zerof(t, labelledCounter(t, reg, "coordinator_trigger_rejected_total", map[string]string{"topic": topic, "reason": reason}),
+			"rejected{%s}", reason)
+	}
+	for _, name := range []string{"coordinator_trigger_retries_total", "coordinator_trigger_dlq_write_failures_total"} {
+		require.Zero(t, labelledCounter(t, reg, name, map[string]string{"topic": topic}), name)
+	}
+	for _, name := range []string{"coordinator_trigger_cron_panics_total", "coordinator_trigger_cron_retries_total"} {
+		require.Zero(t, labelledCounter(t, reg, name, map[string]string{"job": "billrun"}), name)
+	}
+	for _, reason := range []string{trigger.DropNextTick, trigger.DropShutdown} {
+		require.Zero(t, labelledCounter(t, reg, "coordinator_trigger_cron_ticks_dropped_total",
+			map[string]string{"job": "billrun", "reason": reason}))
+	}
 }

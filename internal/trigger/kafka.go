@@ -198,6 +198,11 @@ func NewKafkaConsumer(cfg KafkaConfig, h Handler, emit events.Emitter, log *slog
 			name := cfg.Topics.Topic(t)
 			c.byTopic[name] = k
 			c.topics = append(c.topics, name)
+			reasons := append(owned.SharedRejectReasons(), ReasonBatchTooLarge)
+			if rr, ok := k.(owned.RejectReasoner); ok {
+				reasons = append(reasons, rr.RejectReasons()...)
+			}
+			m.topic(name, reasons)
 		}
 	}
 	c.handleCtx, c.cancelHandle = context.WithCancel(context.Background())

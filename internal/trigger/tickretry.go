@@ -62,7 +62,7 @@ func (cr *Cron) retryTickUntilDurable(j CronJob, next time.Time, t job.Trigger, 
 			return
 		}
 		cr.cfg.Metrics.cronRetry(j.Name)
-		log.Warn("cron_tick_retry", "attempt", attempt, "retry_in", delay, "error", err,
+		log.Warn("cron_tick_retry", "attempt", attempt, "retry_in_ms", delay.Milliseconds(), "error", err,
 			"detail", "the tick's run neither finished nor was recorded for the resumer; it is run again")
 		timer := time.NewTimer(delay)
 		select {
