@@ -33,6 +33,13 @@ const (
 	DefaultRepublishAfter = 2 * time.Minute
 	// republishLimit bounds the completions one scan re-publishes per kind.
 	republishLimit = 100
+	// expiryMargin is how long after a held lock's observed TTL end the
+	// next scan looks again: the lock of an owner that died is gone by
+	// then (Redis expires keys on their TTL), so its run is resumed within
+	// about the TTL of the kill, not the TTL plus a scan interval.
+	expiryMargin = 50 * time.Millisecond
+	// minRescan bounds how soon after a scan another one may start.
+	minRescan = 10 * time.Millisecond
 )
 
 // ResumerConfig configures a Resumer.
@@ -56,7 +63,10 @@ type ResumerConfig struct {
 	// Default 10.
 	MaxAttempts int
 	// Locks, when set, lets a scan skip the runs whose lock is held (their
-	// owner is working) instead of waiting for it. Optional.
+	// owner is working) instead of waiting for it, and look again as soon
+	// as the earliest of those locks would expire (its TTL as the scan saw
+	// it): an owner killed mid-run is resumed about its lock's TTL after
+	// the kill, not up to Interval later. Optional.
 	Locks ownership.Inspector
 	// RepublishAfter is how long a completion of a CompletionRecorder kind
 	// stays unacknowledged before a scan publishes its run.completed again
@@ -161,7 +171,8 @@ func (s *Resumer) Kinds() []string {
 	return out
 }
 
-// Start scans at once and then every Interval, in the background.
+// Start scans at once and then every Interval (sooner when a held lock of
+// a due run may expire), in the background.
 func (s *Resumer) Start(context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -198,20 +209,30 @@ func (s *Resumer) loop() {
 	// for as long as it runs, and a lost run.completed must not wait for it.
 	var wg sync.WaitGroup
 	if len(s.recorders) > 0 {
-		wg.Go(func() { s.every(s.republishAll) })
+		wg.Go(func() {
+			s.every(func(ctx context.Context) time.Time {
+				s.republishAll(ctx)
+				return time.Time{}
+			})
+		})
 	}
 	s.every(s.resumeAll)
 	wg.Wait()
 }
 
-// every runs scan now and then every Interval until Stop.
-func (s *Resumer) every(scan func(context.Context)) {
-	t := time.NewTicker(s.cfg.Interval)
-	defer t.Stop()
+// every runs scan now and then again Interval after it ended, or sooner:
+// at the time scan returns, when that is not zero (the end of a held lock's
+// TTL), until Stop.
+func (s *Resumer) every(scan func(context.Context) time.Time) {
 	for {
-		scan(s.ctx)
+		wait := s.cfg.Interval
+		if at := scan(s.ctx); !at.IsZero() {
+			wait = max(min(wait, time.Until(at)), minRescan)
+		}
+		t := time.NewTimer(wait)
 		select {
 		case <-s.ctx.Done():
+			t.Stop()
 			return
 		case <-t.C:
 		}
@@ -239,29 +260,45 @@ func (s *Resumer) republishAll(ctx context.Context) {
 }
 
 // resumeAll looks once for incomplete runs of every Resumable kind and runs
-// the due ones (each to its end: a resumed run may take long).
-func (s *Resumer) resumeAll(ctx context.Context) {
-	var held map[string]bool
+// the due ones (each to its end: a resumed run may take long). It returns
+// when to look again for the due runs it skipped because their lock was
+// held: the earliest end of those locks' TTLs as listed, plus expiryMargin
+// (zero: none). A live owner renews its lock before then, and the next scan
+// sees the new TTL; a dead owner's lock is gone, and its run is resumed.
+func (s *Resumer) resumeAll(ctx context.Context) time.Time {
+	var held map[string]time.Time // lock key -> when its TTL, as listed, ends
 	if s.cfg.Locks != nil {
 		lctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		listed := time.Now()
 		locks, err := s.cfg.Locks.Locks(lctx)
 		cancel()
 		if err == nil {
-			held = make(map[string]bool, len(locks))
+			held = make(map[string]time.Time, len(locks))
 			for _, l := range locks {
-				held[l.Key] = true
+				var end time.Time
+				if l.TTL > 0 {
+					end = listed.Add(l.TTL + expiryMargin)
+				}
+				held[l.Key] = end
 			}
 		}
 	}
+	var next time.Time
 	for _, k := range s.kinds {
 		if ctx.Err() != nil {
-			return
+			return next
 		}
-		s.scanKind(ctx, k, held)
+		if at := s.scanKind(ctx, k, held); !at.IsZero() && (next.IsZero() || at.Before(next)) {
+			next = at
+		}
 	}
+	return next
 }
 
-func (s *Resumer) scanKind(ctx context.Context, k Kind, held map[string]bool) {
+// scanKind adopts, lists and runs k's due requests; it returns when the
+// earliest lock of a due request it skipped as held may have expired (zero:
+// none).
+func (s *Resumer) scanKind(ctx context.Context, k Kind, held map[string]time.Time) time.Time {
 	name := k.Spec().Name
 	w := s.cfg.Runner.Worker(name).(Resumable)
 	lctx, cancel := context.WithTimeout(ctx, 4*requestTimeout)
@@ -288,23 +325,33 @@ func (s *Resumer) scanKind(ctx context.Context, k Kind, held map[string]bool) {
 	cancel()
 	if err != nil {
 		s.log.Warn("resume_list_failed", "job", name, "error", err)
-		return
+		return time.Time{}
 	}
 	s.m.observe(name, reqs)
 	var due []request
+	var expiry time.Time
 	for _, q := range reqs {
-		if !q.permanent && q.due && !held[q.key] {
+		if q.permanent || !q.due {
+			continue
+		}
+		end, locked := held[q.key]
+		if !locked {
 			due = append(due, q)
+			continue
+		}
+		if !end.IsZero() && (expiry.IsZero() || end.Before(expiry)) {
+			expiry = end
 		}
 	}
 	// Replicas scan alike; a random order spreads them over the runs.
 	rand.Shuffle(len(due), func(i, j int) { due[i], due[j] = due[j], due[i] })
 	for _, q := range due {
 		if ctx.Err() != nil {
-			return
+			return expiry
 		}
 		s.attempt(ctx, k, q)
 	}
+	return expiry
 }
 
 // republish publishes again the run.completed of k's completions that no
