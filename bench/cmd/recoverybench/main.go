@@ -22,6 +22,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -220,29 +221,31 @@ func startReplica(b build, id string, env []string) (*replica, error) {
 	}
 	r := &replica{id: id, cmd: cmd, done: make(chan struct{})}
 	addr := make(chan string, 1)
+	var last []string // the log's last lines, for an exit at start
 	go func() {
 		defer close(r.done)
-		dec := json.NewDecoder(stderr)
-		for {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
 			var l struct {
 				Msg  string `json:"msg"`
 				Addr string `json:"http_addr"`
 			}
-			if err := dec.Decode(&l); err != nil {
-				_, _ = io.Copy(io.Discard, stderr)
-				break
+			if r.addr == "" {
+				last = append(last[max(len(last)-4, 0):], sc.Text())
 			}
-			if l.Msg == "coordinator_started" {
+			if json.Unmarshal(sc.Bytes(), &l) == nil && l.Msg == "coordinator_started" {
 				addr <- l.Addr
 			}
 		}
 		_ = cmd.Wait()
 	}()
 	select {
-	case r.addr = <-addr:
+	case a := <-addr:
+		r.addr = a
 		return r, nil
 	case <-r.done:
-		return nil, fmt.Errorf("replica %s exited at start: %v", id, cmd.ProcessState)
+		return nil, fmt.Errorf("replica %s exited at start: %v: %s", id, cmd.ProcessState, strings.Join(last, " | "))
 	case <-time.After(60 * time.Second):
 		r.kill()
 		return nil, fmt.Errorf("replica %s did not start in 60s", id)
@@ -270,7 +273,7 @@ func runTrial(ctx context.Context, o options, admin *pgxpool.Pool, template, per
 	}
 	defer pool.Close()
 	defer deleteKafka(o.brokers, name)
-	token := fmt.Sprintf("%x", rand.Uint64())
+	token := fmt.Sprintf("%016x%016x%016x%016x", rand.Uint64(), rand.Uint64(), rand.Uint64(), rand.Uint64())
 	env := []string{}
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "COORDINATOR_") {
