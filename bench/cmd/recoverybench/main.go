@@ -128,14 +128,14 @@ func run() error {
 		b     build
 		delay time.Duration
 	}
+	// Job n runs in lane n%lanes, round n/lanes; a lane takes the builds in
+	// turn, and lanes start on different builds, so every build runs in
+	// every lane and at every moment of the run.
 	queues := make([][]job, o.lanes)
-	n := 0
-	for i := range o.kills {
-		for j := range o.builds {
-			b := o.builds[(i+j)%len(o.builds)]
-			queues[n%o.lanes] = append(queues[n%o.lanes], job{b, 2*time.Second + time.Duration(rng.Int64N(int64(18*time.Second)))})
-			n++
-		}
+	for n := range o.kills * len(o.builds) {
+		lane, round := n%o.lanes, n/o.lanes
+		b := o.builds[(round+lane)%len(o.builds)]
+		queues[lane] = append(queues[lane], job{b, 2*time.Second + time.Duration(rng.Int64N(int64(18*time.Second)))})
 	}
 	started := time.Now()
 	var mu sync.Mutex
