@@ -242,3 +242,65 @@ func TestResumerLooksAgainWhenAHeldLockExpires(t *testing.T) {
 	require.Equal(t, "req-dead", done.RequestID)
 	require.Empty(t, rec.OfType(events.OwnershipAlreadyOwned), "no attempt while the lock was held")
 }
+
+// A replica whose resumer is running one long resumed run still resumes
+// another run whose owner died: attempts run in goroutines of their own
+// (Concurrency), so the scan, and the look at a held lock's TTL end, go on.
+// Before, the scan waited for the long run to end.
+func TestResumerBusyWithALongRunStillResumesADeadOwnersRun(t *testing.T) {
+	t.Parallel()
+	pg := testenv.Postgres(t)
+	rd := testenv.Redis(t)
+	ctx := context.Background()
+	locker := func(owner string) *redislock.Locker {
+		client, err := redislock.NewClient(rd.URL, "single")
+		require.NoError(t, err)
+		l, err := redislock.New(client, redislock.Config{Prefix: rd.Prefix, Owner: owner, WaitTime: 50 * time.Millisecond})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = l.Close(); _ = client.Close() })
+		return l
+	}
+	_, err := locker("replica-dead").Acquire(ctx, "widget:2", 1500*time.Millisecond)
+	require.NoError(t, err)
+
+	long := make(chan struct{})
+	w := &ownedtest.Widget{
+		Incomplete: func(context.Context) ([]owned.Incomplete, error) {
+			return []owned.Incomplete{
+				{Params: ownedtest.Params{N: 1}, State: "INTERRUPTED", Trigger: job.Trigger{Source: job.SourceKafka, RequestID: "req-long"}},
+				{Params: ownedtest.Params{N: 2}, State: "RUNNING", Trigger: job.Trigger{Source: job.SourceHTTP, RequestID: "req-dead"}},
+			}, nil
+		},
+		Work: func(ctx context.Context, _ *owned.Run, n int) (owned.Report, error) {
+			if n == 1 {
+				select { // the long run: until the test ends
+				case <-long:
+				case <-ctx.Done():
+				}
+			}
+			return owned.Report{}, nil
+		},
+	}
+	reg, err := owned.NewRegistry(w)
+	require.NoError(t, err)
+	l := locker("replica-b")
+	rec := &events.Recorder{}
+	runner, err := owned.NewRunner(reg, owned.Deps{Config: config.Config{ReplicaID: "replica-b"}, DB: pg.Pool, Locker: l}, rec)
+	require.NoError(t, err)
+	rs, err := owned.NewResumer(owned.ResumerConfig{Runner: runner, Interval: time.Hour, Locks: l})
+	require.NoError(t, err)
+	require.NoError(t, rs.Start(ctx))
+	defer rs.Stop()
+	defer close(long)
+
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		done := rec.OfType(events.RunCompleted)
+		require.Len(c, done, 1)
+		require.Equal(c, "widget:2", done[0].Key, "the dead owner's run, resumed while widget:1 runs")
+	}, 30*time.Second, 10*time.Millisecond)
+	acquired := map[string]bool{}
+	for _, e := range rec.OfType(events.OwnershipAcquired) {
+		acquired[e.Key] = true
+	}
+	require.True(t, acquired["widget:1"], "the long run is in flight")
+}
