@@ -39,6 +39,11 @@ type CronJob struct {
 	// with backoff, until the schedule's next tick is due
 	// (retryTickUntilDurable).
 	Run func(ctx context.Context, t job.Trigger, at time.Time) error
+	// Key, when set, names the work of the tick at at (its lock key): a
+	// tick given up whose next tick has the same key is superseded, not
+	// dropped (every reaper sweep is the same work; each month's bill run
+	// is not).
+	Key func(at time.Time) (string, error)
 }
 
 // CronConfig configures Cron.

@@ -327,3 +327,24 @@ func TestCronStopEndsATicksRetry(t *testing.T) {
 	require.Equal(t, float64(1), labelledCounter(t, reg, "coordinator_trigger_cron_ticks_dropped_total",
 		map[string]string{"job": "monthly", "reason": "shutdown"}))
 }
+
+// A tick given up whose next tick does the same work (the same key: every
+// reaper sweep) is superseded, not dropped: logged, not counted, no page.
+func TestCronTickSupersededByTheNextIsNotDropped(t *testing.T) {
+	t.Parallel()
+	var logs syncBuffer
+	reg := prometheus.NewRegistry()
+	c, err := trigger.NewCron(trigger.CronConfig{Replica: "r1", Log: slog.New(slog.NewJSONHandler(&logs, nil)),
+		Metrics: trigger.NewMetrics(reg), RetryBackoff: 100 * time.Millisecond},
+		trigger.CronJob{Name: "sweep", Spec: "*/2 * * * * *",
+			Run: func(context.Context, job.Trigger, time.Time) error { return errors.New("lock backend unavailable") },
+			Key: func(time.Time) (string, error) { return "msisdn-reaper:sweep", nil }})
+	require.NoError(t, err)
+	require.NoError(t, c.Start(context.Background()))
+	defer c.Stop()
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), `"msg":"cron_tick_superseded"`) },
+		30*time.Second, 10*time.Millisecond)
+	c.Stop()
+	require.Zero(t, counterOf(t, reg, "coordinator_trigger_cron_ticks_dropped_total"))
+	require.NotContains(t, logs.String(), `"msg":"cron_tick_dropped"`)
+}

@@ -237,7 +237,14 @@ func (d *Dispatcher) CronJobs() []CronJob {
 		}
 		spec := s.Schedule()
 		loc := ScheduleLocation(spec)
-		jobs = append(jobs, CronJob{Name: k.Spec().Name, Spec: spec, Run: func(ctx context.Context, t job.Trigger, at time.Time) error {
+		key := func(at time.Time) (string, error) {
+			p, err := s.Tick(at.In(loc))
+			if err != nil {
+				return "", err
+			}
+			return k.LockKey(p), nil
+		}
+		jobs = append(jobs, CronJob{Name: k.Spec().Name, Spec: spec, Key: key, Run: func(ctx context.Context, t job.Trigger, at time.Time) error {
 			p, err := s.Tick(at.In(loc))
 			if err != nil { // the kind's own configuration: trying again changes nothing
 				d.log.Error("cron_tick_failed", "job", k.Spec().Name, "request_id", t.RequestID, "error", err)

@@ -157,3 +157,19 @@ func TestAlertedSeriesExistAtZeroFromTheStart(t *testing.T) {
 			map[string]string{"job": "billrun", "reason": reason}))
 	}
 }
+
+// Each month's bill-run tick is work of its own (its own period's lock key),
+// so one given up is dropped and pages; the widget's every tick is the same.
+func TestCronJobKeysTellEachMonthApart(t *testing.T) {
+	t.Parallel()
+	pg := testenv.Postgres(t)
+	rd := testenv.Redis(t)
+	d := billrunReplica(t, pg, rd, "replica-a", "CRON_TZ=UTC 0 2 1 * *", nil)
+	j := d.CronJobs()[0]
+	dec, err := j.Key(time.Date(2026, time.December, 1, 2, 0, 0, 0, time.UTC))
+	require.NoError(t, err)
+	jan, err := j.Key(time.Date(2027, time.January, 1, 2, 0, 0, 0, time.UTC))
+	require.NoError(t, err)
+	require.Equal(t, "billrun:2026-11", dec)
+	require.Equal(t, "billrun:2026-12", jan)
+}

@@ -28,7 +28,10 @@ const (
 // not next month; every replica retries its own tick, and the lock and the
 // claim let one of them run it. A tick given up is logged
 // (cron_tick_dropped, error level) and counted
-// (coordinator_trigger_cron_ticks_dropped_total{reason}).
+// (coordinator_trigger_cron_ticks_dropped_total{reason}), unless the
+// schedule's next tick does the same work (CronJob.Key: the same lock key,
+// e.g. every reaper sweep): then nothing is lost, it is logged
+// cron_tick_superseded (warn) and not counted.
 //
 // This is the hook the chaos verifier's "drop a failed cron tick" sabotage
 // build disables (internal/chaos): one attempt, no retry.
@@ -52,13 +55,13 @@ func (cr *Cron) retryTickUntilDurable(j CronJob, next time.Time, t job.Trigger, 
 			return
 		}
 		if errors.Is(err, ErrShuttingDown) || cr.ctx.Err() != nil {
-			cr.drop(j.Name, log, DropShutdown, attempt, err)
+			cr.drop(j, next, at, log, DropShutdown, attempt, err)
 			return
 		}
 		took := time.Since(began)
 		delay := min(cr.cfg.RetryBackoff<<min(attempt-1, 16), cr.cfg.RetryMaxBackoff)
 		if !endsInTime(delay, took) {
-			cr.drop(j.Name, log, DropNextTick, attempt, err)
+			cr.drop(j, next, at, log, DropNextTick, attempt, err)
 			return
 		}
 		cr.cfg.Metrics.cronRetry(j.Name)
@@ -69,19 +72,36 @@ func (cr *Cron) retryTickUntilDurable(j CronJob, next time.Time, t job.Trigger, 
 		case <-timer.C:
 		case <-cr.ctx.Done():
 			timer.Stop()
-			cr.drop(j.Name, log, DropShutdown, attempt, err)
+			cr.drop(j, next, at, log, DropShutdown, attempt, err)
 			return
 		}
 		if !endsInTime(0, took) { // the wait overran (a busy machine)
-			cr.drop(j.Name, log, DropNextTick, attempt, err)
+			cr.drop(j, next, at, log, DropNextTick, attempt, err)
 			return
 		}
 	}
 }
 
-// drop logs and counts a tick given up before it was done or durable.
-func (cr *Cron) drop(name string, log *slog.Logger, reason string, attempts int, err error) {
-	cr.cfg.Metrics.cronDropped(name, reason)
+// drop logs and counts a tick of j at at given up before it was done or
+// durable, unless the next tick (next) does the same work.
+func (cr *Cron) drop(j CronJob, next, at time.Time, log *slog.Logger, reason string, attempts int, err error) {
+	if supersededBy(j, at, next) {
+		log.Warn("cron_tick_superseded", "reason", reason, "attempts", attempts, "error", err,
+			"detail", "the schedule's next tick does the same work")
+		return
+	}
+	cr.cfg.Metrics.cronDropped(j.Name, reason)
 	log.Error("cron_tick_dropped", "reason", reason, "attempts", attempts, "error", err,
 		"detail", "this replica could not run the tick or record it for the resumer; see docs/runbook.md#coordinatorcrontickdropped")
+}
+
+// supersededBy: j's tick at next does the work of its tick at at (the same
+// key). False when j has no Key, or either key is unknown.
+func supersededBy(j CronJob, at, next time.Time) bool {
+	if j.Key == nil || next.IsZero() {
+		return false
+	}
+	a, errA := j.Key(at)
+	b, errB := j.Key(next)
+	return errA == nil && errB == nil && a == b
 }

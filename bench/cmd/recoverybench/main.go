@@ -399,7 +399,7 @@ func report(o options, trials []trial, took time.Duration) error {
 	host, _ := os.Hostname()
 	load, _ := os.ReadFile("/proc/loadavg")
 	fmt.Fprintf(&b, "Recovery after SIGKILL of the owner (bench/recovery): %d kills per build, %d lanes, lock TTL 30 s (default), resume interval 15 s (default), seed %d; %s, load %s, %s in all.\n\n",
-		o.kills, o.lanes, o.seed, host, strings.Fields(string(load)+" ")[0], took.Round(time.Second))
+		o.kills, o.lanes, o.seed, host, strings.Fields(string(load) + " ")[0], took.Round(time.Second))
 	b.WriteString("| build | kills | kill → resumed p50 | p90 | max | expiry → resumed p50 | p90 | max | failed |\n")
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, bl := range o.builds {
