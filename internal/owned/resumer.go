@@ -293,39 +293,47 @@ func (s *Resumer) republishAll(ctx context.Context) {
 // (zero: none). A live owner renews its lock before then, and the next scan
 // sees the new TTL; a dead owner's lock is gone, and its run is resumed.
 func (s *Resumer) resumeAll(ctx context.Context) time.Time {
-	var held map[string]time.Time // lock key -> when its TTL, as listed, ends
-	if s.cfg.Locks != nil {
-		lctx, cancel := context.WithTimeout(ctx, requestTimeout)
-		listed := time.Now()
-		locks, err := s.cfg.Locks.Locks(lctx)
-		cancel()
-		if err == nil {
-			held = make(map[string]time.Time, len(locks))
-			for _, l := range locks {
-				var end time.Time
-				if l.TTL > 0 {
-					end = listed.Add(l.TTL + expiryMargin)
-				}
-				held[l.Key] = end
-			}
-		}
-	}
 	var next time.Time
 	for _, k := range s.kinds {
 		if ctx.Err() != nil {
 			return next
 		}
-		if at := s.scanKind(ctx, k, held); !at.IsZero() && (next.IsZero() || at.Before(next)) {
+		if at := s.scanKind(ctx, k); !at.IsZero() && (next.IsZero() || at.Before(next)) {
 			next = at
 		}
 	}
 	return next
 }
 
+// heldLocks lists the locks held now (Locks), each with when its TTL, as
+// listed, ends plus expiryMargin (zero: no TTL). Nil without an Inspector or
+// when the listing fails: nothing is skipped, the lock decides.
+func (s *Resumer) heldLocks(ctx context.Context) map[string]time.Time {
+	if s.cfg.Locks == nil {
+		return nil
+	}
+	lctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	listed := time.Now()
+	locks, err := s.cfg.Locks.Locks(lctx)
+	if err != nil {
+		return nil
+	}
+	held := make(map[string]time.Time, len(locks))
+	for _, l := range locks {
+		var end time.Time
+		if l.TTL > 0 {
+			end = listed.Add(l.TTL + expiryMargin)
+		}
+		held[l.Key] = end
+	}
+	return held
+}
+
 // scanKind adopts, lists and runs k's due requests; it returns when the
 // earliest lock of a due request it skipped as held may have expired (zero:
 // none).
-func (s *Resumer) scanKind(ctx context.Context, k Kind, held map[string]time.Time) time.Time {
+func (s *Resumer) scanKind(ctx context.Context, k Kind) time.Time {
 	name := k.Spec().Name
 	w := s.cfg.Runner.Worker(name).(Resumable)
 	lctx, cancel := context.WithTimeout(ctx, 4*requestTimeout)
@@ -355,6 +363,11 @@ func (s *Resumer) scanKind(ctx context.Context, k Kind, held map[string]time.Tim
 		return time.Time{}
 	}
 	s.m.observe(name, reqs)
+	// The locks are listed after the runs: a run claimed after the lock
+	// listing but before the run listing would look incomplete and free,
+	// and be attempted while it runs (its lock makes that a wasted
+	// attempt, with events of its own).
+	held := s.heldLocks(ctx)
 	var due []request
 	var expiry time.Time
 	for _, q := range reqs {
