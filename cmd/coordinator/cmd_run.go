@@ -140,9 +140,12 @@ func runRun(ctx context.Context, cio cliIO, args []string) int {
 	}
 	start := time.Now()
 	trig := job.Trigger{Source: job.SourceCLI, RequestID: c.requestID, RequestedBy: currentUser()}
+	// failed prints the result of a run that could not begin; a failure
+	// of a transient cause (Postgres unreachable) is retryable: exit 75.
 	failed := func(o job.Outcome, err error) int {
 		return printResult(cio, job.Result{Job: spec.Name, Key: k.LockKey(p), Outcome: o, Replica: cfg.ReplicaID,
-			RequestID: trig.RequestID, Error: err.Error(), DurationMS: time.Since(start).Milliseconds()})
+			RequestID: trig.RequestID, Error: err.Error(), DurationMS: time.Since(start).Milliseconds(),
+			Retryable: o == job.OutcomeFailed && owned.IsRetryable(err)})
 	}
 
 	// On a terminal a live bar replaces the <job>_progress records; log

@@ -44,6 +44,7 @@ func New(cfg Config) owned.Kind {
 			Usage: "--period YYYY-MM [--force] [--adjust]", Topic: Topic, HTTPPath: "/v1/billruns", HTTPAsync: true,
 		},
 		Decode:        k.decode,
+		RejectReasons: []string{ReasonMissingPeriod, ReasonBadPeriod, ReasonKeyMismatch, ReasonPeriodNotClosed, ReasonPeriodTooOld},
 		Encode:        encode,
 		Flags:         flags,
 		LockKey:       func(r Request) string { return LockKey(r.Period) },

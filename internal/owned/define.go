@@ -30,6 +30,9 @@ type Kind interface {
 	Spec() Spec
 	// Decode turns a trigger's fields into Params (Def.Decode).
 	Decode(in Input) (Params, error)
+	// RejectReasons are the reasons Decode rejects with besides
+	// SharedRejectReasons (Def.RejectReasons).
+	RejectReasons() []string
 	// Encode is the record key and fields of a trigger asking for p.
 	Encode(p Params) (key []byte, fields map[string]any, err error)
 	// Flags adds the kind's flags to fs and returns what turns them, once
@@ -75,6 +78,8 @@ func (k *def[P]) params(p Params) (P, error) {
 	}
 	return v, nil
 }
+
+func (k *def[P]) RejectReasons() []string { return k.d.RejectReasons }
 
 func (k *def[P]) Decode(in Input) (Params, error) {
 	v, err := k.d.Decode(in)

@@ -108,7 +108,8 @@
 // ResumeInterval it adopts each resumable kind's incomplete runs into
 // run_requests, sets coordinator_incomplete_runs and
 // coordinator_incomplete_run_oldest_age_seconds, and runs the due requests
-// whose lock is not held, one at a time, through Runner.Run (the replica
+// whose lock is not held, ResumerConfig.Concurrency (2) at a time and
+// without holding up the next scan, through Runner.Run (the replica
 // passes its dispatcher's Run) with trigger source job.SourceResume and the
 // request's id: lock, claim, the kind's own resume. Completed: the request
 // goes. Lost or a transient failure: attempts+1, next try after the

@@ -27,6 +27,12 @@ const (
 	ReasonBadInput = "bad_input"
 )
 
+// SharedRejectReasons are the reasons above: every kind's trigger may be
+// rejected with any of them.
+func SharedRejectReasons() []string {
+	return []string{ReasonTooLarge, ReasonMalformedJSON, ReasonBadRequestID, ReasonBadRequester, ReasonUnknownTopic, ReasonDuplicateKey, ReasonBadInput}
+}
+
 // RejectError says why a trigger can never be run, however often it is
 // retried. It matches job.ErrBadInput.
 type RejectError struct {

@@ -27,6 +27,12 @@ type Def[P any] struct {
 	// dead-letter topic with its Reason, an HTTP call gets 400 (422 when
 	// Unprocessable), the CLI exits 64.
 	Decode func(in Input) (P, error)
+	// RejectReasons are the reasons Decode's *RejectError can give besides
+	// SharedRejectReasons. The Kafka consumer creates
+	// coordinator_trigger_rejected_total{topic,reason} at 0 for each, so the
+	// dead-letter alert's increase() sees the first rejection after a start
+	// (a counter that first appears at 1 has no increase). Optional.
+	RejectReasons []string
 	// Encode is Decode's inverse: the Kafka record key (may be nil) and the
 	// JSON fields of a trigger asking for p. `coordinator trigger` sends
 	// them; the resumer records them. Required for a kind with a Topic or

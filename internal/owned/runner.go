@@ -90,7 +90,11 @@ func NewRunner(reg *Registry, cfg RunnerConfig) (*Runner, error) {
 		r.workers[k.Spec().Name] = w
 	}
 	var err error
-	if r.m, err = newMetrics(cfg.Registerer, &r.inFlight); err != nil {
+	names := make([]string, 0, len(r.workers))
+	for _, k := range reg.Kinds() {
+		names = append(names, k.Spec().Name)
+	}
+	if r.m, err = newMetrics(cfg.Registerer, &r.inFlight, names); err != nil {
 		return nil, err
 	}
 	return r, nil

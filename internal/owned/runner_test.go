@@ -417,5 +417,8 @@ func TestRunMetrics(t *testing.T) {
 			counts[labels["outcome"]] += m.GetHistogram().GetSampleCount()
 		}
 	}
-	require.Equal(t, map[string]uint64{"completed": 1, "unavailable": 1}, counts)
+	// Every outcome's series exists (at 0 until it happens), so an alert's
+	// increase() sees the first lost or failed run.
+	require.Equal(t, map[string]uint64{"completed": 1, "unavailable": 1, "already_completed": 0, "already_owned": 0,
+		"lost": 0, "failed": 0}, counts)
 }

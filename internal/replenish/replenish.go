@@ -74,7 +74,8 @@ func New() owned.Kind {
 	return owned.Define(owned.Def[Params]{
 		Spec: owned.Spec{Name: Name, Command: "replenish", Summary: "add numbers to the MSISDN pool as FREE (idempotent)",
 			Usage: "--first N --count K | MSISDN...", Topic: Topic, HTTPPath: "/v1/msisdn-pool/replenishments"},
-		Decode: decode,
+		Decode:        decode,
+		RejectReasons: []string{ReasonMissingNumbers, ReasonConflictingNumbers, ReasonBadMSISDN, ReasonBadCount, ReasonBadRange},
 		// The record has no key: one lock for every replenishment.
 		Encode: func(p Params) ([]byte, map[string]any) {
 			if p.MSISDNs != nil {

@@ -76,6 +76,8 @@ func TestDecode(t *testing.T) {
 		re := owned.RejectionOf(err)
 		require.Equal(t, tc.reason, re.Reason, "%s: %s", tc.body, re.Detail)
 		require.NotEmpty(t, re.Detail)
+		// Listed, so its DLQ counter exists at 0 before the first rejection.
+		require.Contains(t, append(owned.SharedRejectReasons(), replenish.New().RejectReasons()...), re.Reason)
 	}
 	_, err := decode(t, `{"msisdns":["447700000001"],"note":"x"}`, true)
 	require.ErrorContains(t, err, `unknown field "note"`, "HTTP bodies are strict")

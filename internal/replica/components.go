@@ -235,7 +235,7 @@ func (r *Replica) startHTTP(ctx context.Context) error {
 	acfg := httpapi.Config{
 		Replica: r.cfg.ReplicaID, Tokens: r.cfg.HTTP.AdminTokenSet(), Kinds: r.rc.Kinds, Dispatcher: r.disp,
 		Locks: inspector, Health: r.health,
-		Metrics: promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg}),
+		Metrics: promhttp.HandlerFor(telemetry.Gatherer(r.reg), promhttp.HandlerOpts{Registry: r.reg}),
 		Log:     r.log, Registerer: r.reg,
 	}
 	if r.con.handler != nil {

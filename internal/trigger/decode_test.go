@@ -83,6 +83,8 @@ func TestDecodeRecord(t *testing.T) {
 			require.Equal(t, tc.reason, re.Reason, re.Detail)
 			require.NotEmpty(t, re.Detail)
 			require.ErrorIs(t, err, job.ErrBadInput)
+			// Listed, so its DLQ counter exists at 0 before the first rejection.
+			require.Contains(t, append(owned.SharedRejectReasons(), bills.RejectReasons()...), re.Reason)
 		})
 	}
 }

@@ -2,6 +2,8 @@ package trigger_test
 
 import (
 	"context"
+	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -9,6 +11,7 @@ import (
 
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/owned"
 	"github.com/telco-platform/coordinator/internal/owned/ownedtest"
 	"github.com/telco-platform/coordinator/internal/ownership"
 	"github.com/telco-platform/coordinator/internal/trigger"
@@ -188,11 +191,44 @@ func TestCronJobsAreTheScheduledKinds(t *testing.T) {
 	require.Len(t, jobs, 1)
 	require.Equal(t, "widget", jobs[0].Name)
 	require.Equal(t, "@every 1h", jobs[0].Spec)
-	jobs[0].Run(context.Background(), job.Trigger{Source: job.SourceCron, RequestID: "tick-1"}, time.Now())
+	require.NoError(t, jobs[0].Run(context.Background(), job.Trigger{Source: job.SourceCron, RequestID: "tick-1"}, time.Now()))
 	done := rec.OfType(events.RunCompleted)
 	require.Len(t, done, 1)
 	require.Equal(t, "widget:1", done[0].Key, "the tick's params come from the kind's Tick")
 	require.Equal(t, "cron", done[0].Trigger)
+}
+
+// A tick's run that is neither finished nor durable (a transient failure of
+// a kind without a resumer: nothing records it) is an error the cron retries;
+// a permanent failure is finished with; a tick refused at shutdown says so.
+func TestCronJobSaysWhetherTheTickIsDurable(t *testing.T) {
+	t.Parallel()
+	var fail atomic.Pointer[error]
+	w := &ownedtest.Widget{Schedule: "@every 1h", Work: func(context.Context, *owned.Run, int) (owned.Report, error) {
+		return owned.Report{}, *fail.Load()
+	}}
+	locker := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "r1"})
+	defer locker.Close()
+	d := trigger.NewDispatcher(trigger.DispatcherConfig{Runner: widgetRunner(t, w, locker, nil)})
+	defer d.Shutdown(context.Background())
+	run := d.CronJobs()[0].Run
+	tick := job.Trigger{Source: job.SourceCron, RequestID: "tick-1"}
+
+	transient := owned.Retryable(errors.New("connection refused"))
+	fail.Store(&transient)
+	err := run(context.Background(), tick, time.Now())
+	var nd *trigger.TickNotDurableError
+	require.ErrorAs(t, err, &nd)
+	require.Equal(t, job.OutcomeFailed, nd.Result.Outcome)
+	require.True(t, nd.Result.Retryable)
+	require.Contains(t, err.Error(), "widget:1 ended failed and is not recorded for the resumer: connection refused")
+
+	permanent := errors.New("a constraint: trying again fails the same way")
+	fail.Store(&permanent)
+	require.NoError(t, run(context.Background(), tick, time.Now()), "a permanent failure is finished with")
+
+	d.Shutdown(context.Background())
+	require.ErrorIs(t, run(context.Background(), tick, time.Now()), trigger.ErrShuttingDown)
 }
 
 func TestScheduleLocation(t *testing.T) {

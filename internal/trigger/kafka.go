@@ -196,6 +196,8 @@ func NewKafkaConsumer(cfg KafkaConfig, h Handler, emit events.Emitter, log *slog
 			name := cfg.Topics.Topic(t)
 			c.byTopic[name] = k
 			c.topics = append(c.topics, name)
+			reasons := append(append(owned.SharedRejectReasons(), ReasonBatchTooLarge), k.RejectReasons()...)
+			m.topic(name, reasons)
 		}
 	}
 	c.handleCtx, c.cancelHandle = context.WithCancel(context.Background())
