@@ -101,3 +101,13 @@ func Queued(l *Locker) int {
 	}
 	return n
 }
+
+// LocalWaiters is how many callers of l wait for key in this process.
+func LocalWaiters(l *Locker, key string) int {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	if q := l.queues[key]; q != nil {
+		return len(q.list)
+	}
+	return 0
+}

@@ -156,26 +156,7 @@ func (h *evalCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 func (w *mixedWorld) countedLocker(t *testing.T, owner, key string, wait time.Duration) (*redislock.Locker, *evalCounter) {
 	t.Helper()
 	h := &evalCounter{key: key}
-	var client redis.UniversalClient
-	if w.mode == redislock.ModeCluster {
-		// On the node clients, which every command passes (a script
-		// followed by WAIT, where the cluster has replicas, goes to its
-		// node's client directly), and only there, so each counts once.
-		o, err := redislock.ParseOptions(w.url, w.mode)
-		require.NoError(t, err)
-		co := o.Cluster()
-		co.NewClient = func(opt *redis.Options) *redis.Client {
-			n := redis.NewClient(opt)
-			n.AddHook(h)
-			return n
-		}
-		client = redis.NewClusterClient(co)
-	} else {
-		c, err := redislock.NewClient(w.url, w.mode)
-		require.NoError(t, err)
-		c.AddHook(h)
-		client = c
-	}
+	client := w.hookedClient(t, h)
 	l, err := redislock.New(client, redislock.Config{Prefix: w.prefix, Owner: owner, WaitTime: wait,
 		WatchdogTimeout: 30 * time.Second, Layout: redislock.LayoutRedisson})
 	require.NoError(t, err)
@@ -184,6 +165,29 @@ func (w *mixedWorld) countedLocker(t *testing.T, owner, key string, wait time.Du
 		_ = client.Close()
 	})
 	return l, h
+}
+
+// hookedClient is a client of w's Redis whose commands h sees. On a cluster
+// h sits on the node clients, which every command passes (a script followed
+// by WAIT, where the cluster has replicas, goes to its node's client
+// directly), and only there, so each command passes h once.
+func (w *mixedWorld) hookedClient(t *testing.T, h redis.Hook) redis.UniversalClient {
+	t.Helper()
+	if w.mode != redislock.ModeCluster {
+		c, err := redislock.NewClient(w.url, w.mode)
+		require.NoError(t, err)
+		c.AddHook(h)
+		return c
+	}
+	o, err := redislock.ParseOptions(w.url, w.mode)
+	require.NoError(t, err)
+	co := o.Cluster()
+	co.NewClient = func(opt *redis.Options) *redis.Client {
+		n := redis.NewClient(opt)
+		n.AddHook(h)
+		return n
+	}
+	return redis.NewClusterClient(co)
 }
 
 func mixedKey(name string) string {
@@ -228,6 +232,14 @@ func TestRedissonInterop(t *testing.T) {
 				t.Run("KilledRedissonHolder", func(t *testing.T) {
 					t.Parallel()
 					killedRedissonHolder(t, w, version)
+				})
+				t.Run("NoOverlapUnderContention", func(t *testing.T) {
+					t.Parallel()
+					noOverlapUnderContention(t, w)
+				})
+				t.Run("UnlockBeforeTheWaiterSubscribes", func(t *testing.T) {
+					t.Parallel()
+					unlockBeforeTheWaiterSubscribes(t, w)
 				})
 			})
 		}
