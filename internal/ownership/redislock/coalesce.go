@@ -2,6 +2,7 @@ package redislock
 
 import (
 	"context"
+	"errors"
 	"sync"
 )
 
@@ -10,10 +11,12 @@ import (
 // one read for the client, one read event and one write for Redis, instead
 // of one each per call. Nothing waits to gather calls: a call sent while
 // fewer than maxInflight pipelines of its target are in flight (and none
-// queued) goes at once, on the caller's goroutine, as before; calls that
-// arrive while they are full queue, and when a pipeline returns, the first
-// of them sends all of them (up to maxBatch) on its own goroutine. So one
-// goroutine alone never waits for anyone, and many fill each round trip.
+// queued) goes at once, on the caller's goroutine and under its context,
+// as before; calls that arrive while they are full queue, and when a
+// pipeline returns, a flusher goroutine sends all of them (up to maxBatch),
+// and goes on sending what queued meanwhile until the queue is empty. So
+// one goroutine alone never waits for anyone, and many fill each round
+// trip.
 //
 // Every guarantee of a single call holds for a pipelined one: each script
 // is resend-safe on its own (a resent pipeline resends each of them); a
@@ -21,14 +24,13 @@ import (
 // connection, so it acknowledges each call that asked for it; calls with
 // different needs go to different targets (the client itself, or a node's
 // client where WAIT or a redirect needs one); and a caller's context still
-// bounds its wait (see submit).
+// bounds its wait, queued or sent (see submit).
 
 // maxInflight bounds the pipelines a target has in flight at once; maxBatch
 // the calls one pipeline carries.
 //
-// Two pipelines in flight measured best with 16 goroutines on this
-// project's 2-core machine (BENCHMARKS.md): one leaves Redis idle while the
-// client reads a pipeline's replies, four make smaller batches.
+// Two pipelines in flight: one leaves Redis idle while the client reads a
+// pipeline's replies, more make smaller batches.
 const (
 	maxInflight = 2
 	maxBatch    = 256
@@ -45,14 +47,51 @@ type batcher struct {
 // entry is one caller's calls in a batcher's queue, with their target and
 // how many replicas must acknowledge them.
 type entry struct {
-	calls []*call
+	calls []*call // the caller's
+	// sent are copies of calls, which the pipeline records its answers in:
+	// a caller that leaves never shares a call with the flusher.
+	sent  []*call
 	t     target
 	need  int
-	// wake (capacity 1) tells the caller that its calls have their outcome,
-	// or that it leads: batch (set before) is the pipeline it sends.
-	wake  chan struct{}
-	batch []*entry
-	taken bool // a pipeline has the calls (batcher.mu)
+	state entryState // batcher.mu
+	// done is closed once the pipeline's answers are in (copied to calls,
+	// unless the caller left).
+	done chan struct{}
+}
+
+type entryState int
+
+const (
+	queued    entryState = iota
+	taken                // a pipeline carries the calls
+	answered             // their answers are in calls
+	abandoned            // taken, and the caller left before the answers came
+)
+
+// errSentAndLeft is the outcome of a call whose caller's context ended while a
+// pipeline carried it: it may have run, and its answer came too late for
+// the caller (as for a call sent alone whose context ends meanwhile).
+type errSentAndLeft struct {
+	cause error
+	// answered is closed once the pipeline's answer is in: a delete of what
+	// the call may have written waits for it, or it could run first.
+	answered <-chan struct{}
+}
+
+func (e *errSentAndLeft) Error() string {
+	return "redislock: sent in a pipeline; the caller's context ended before the answer: " + e.cause.Error()
+}
+
+func (e *errSentAndLeft) Unwrap() error { return e.cause }
+
+// sentAndLeft returns when the pipeline that carried a call which failed
+// with err has answered (at once for any other err).
+func sentAndLeft(err error) <-chan struct{} {
+	var e *errSentAndLeft
+	if errors.As(err, &e) {
+		return e.answered
+	}
+	return nil
 }
 
 func (l *Locker) batcher(key string) *batcher {
@@ -73,14 +112,11 @@ func (l *Locker) batcher(key string) *batcher {
 }
 
 // submit sends calls on t (see send) and returns when each has its outcome,
-// or when ctx ends while they still wait in the queue (then each has ctx's
-// error and none was sent). Once a pipeline carries them, submit waits for
-// it: their outcome, not ctx, says whether they ran.
-//
-// A queued caller may be woken to lead instead: it sends the pipeline of
-// the calls queued first (its own among them), wakes their callers, and
-// hands the slot on before it returns. So the calls of a pipeline wait for
-// no goroutine but the one whose calls went first.
+// or when ctx ends first. If ctx ends while they still wait in the queue,
+// none was sent and each has ctx's error. If it ends while a pipeline
+// carries them, each has an errSentAndLeft: the caller handles it as a send
+// whose context ended (the script may have run), and a delete by token it
+// sends waits for the pipeline's answer (cleanupAfter).
 func (l *Locker) submit(ctx context.Context, t target, need int, calls []*call) {
 	b := l.batcher(t.key)
 	b.mu.Lock()
@@ -91,27 +127,34 @@ func (l *Locker) submit(ctx context.Context, t target, need int, calls []*call) 
 		l.handOn(b)
 		return
 	}
-	e := &entry{calls: calls, t: t, need: need, wake: make(chan struct{}, 1)}
+	e := &entry{calls: calls, sent: make([]*call, len(calls)), t: t, need: need, done: make(chan struct{})}
+	for i, c := range calls {
+		cp := *c
+		e.sent[i] = &cp
+	}
 	b.queue = append(b.queue, e)
 	b.queued += len(calls)
 	b.mu.Unlock()
 	select {
-	case <-e.wake:
+	case <-e.done:
+		return
 	case <-ctx.Done():
-		b.mu.Lock()
-		if !e.taken {
-			b.remove(e)
-			b.mu.Unlock()
-			for _, c := range calls {
-				c.err = ctx.Err()
-			}
-			return
-		}
-		b.mu.Unlock()
-		<-e.wake // taken: its outcome comes, or the lead
 	}
-	if e.batch != nil {
-		l.lead(b, e.batch)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch e.state {
+	case queued:
+		b.remove(e)
+		for _, c := range calls {
+			c.err = ctx.Err()
+		}
+	case taken:
+		e.state = abandoned
+		err := &errSentAndLeft{cause: ctx.Err(), answered: e.done}
+		for _, c := range calls {
+			c.err, c.acked = err, nil
+		}
+	case answered, abandoned:
 	}
 }
 
@@ -125,45 +168,69 @@ func (b *batcher) remove(e *entry) {
 	}
 }
 
-// lead sends batch in one pipeline, wakes its other callers, and hands the
-// slot on. Its context is none of the callers': the go-redis timeouts bound
-// it, as they bound a call whose context has no deadline.
-func (l *Locker) lead(b *batcher, batch []*entry) {
-	var calls []*call
-	need := 0
-	for _, e := range batch {
-		calls = append(calls, e.calls...)
-		need = max(need, e.need)
+// handOn passes the pipeline slot of a finished send to a flusher for the
+// calls that queued meanwhile, or gives it back when none queued.
+func (l *Locker) handOn(b *batcher) {
+	batch := b.take()
+	if batch == nil {
+		return
 	}
-	// One target per batcher: the client itself, or one node's client
-	// (go-redis' or the Locker's own, both on that address).
-	l.send(context.Background(), batch[0].t, need, calls)
-	for _, e := range batch[1:] {
-		e.wake <- struct{}{}
-	}
-	l.handOn(b)
+	l.flushes.Add(1)
+	go l.flush(b, batch)
 }
 
-// handOn passes the pipeline slot of a finished send to the first caller
-// that queued meanwhile, with up to maxBatch calls' worth of the queue for
-// it to send, or gives the slot back when none queued.
-func (l *Locker) handOn(b *batcher) {
+// take returns up to maxBatch calls' worth of the queue (the first entry
+// always), marked taken, or gives the slot back and returns nil when none
+// queued.
+func (b *batcher) take() []*entry {
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	if len(b.queue) == 0 {
 		b.inflight--
-		b.mu.Unlock()
-		return
+		return nil
 	}
 	n, calls := 0, 0
 	for n < len(b.queue) && (n == 0 || calls+len(b.queue[n].calls) <= maxBatch) {
-		b.queue[n].taken = true
+		b.queue[n].state = taken
 		calls += len(b.queue[n].calls)
 		n++
 	}
 	batch := append([]*entry(nil), b.queue[:n]...)
 	b.queue = append(b.queue[:0], b.queue[n:]...)
 	b.queued -= calls
-	b.mu.Unlock()
-	batch[0].batch = batch
-	batch[0].wake <- struct{}{}
+	return batch
+}
+
+// flush sends batch in one pipeline, hands each caller its answers, and
+// goes on with what queued meanwhile until the queue is empty. Its context
+// is none of the callers': the go-redis timeouts bound it, as they bound a
+// call whose context has no deadline; a caller whose context ends first
+// leaves (submit).
+func (l *Locker) flush(b *batcher, batch []*entry) {
+	defer l.flushes.Done()
+	for batch != nil {
+		var calls []*call
+		need := 0
+		for _, e := range batch {
+			calls = append(calls, e.sent...)
+			need = max(need, e.need)
+		}
+		// One target per batcher: the client itself, or one node's client
+		// (go-redis' or the Locker's own, both on that address).
+		l.send(context.Background(), batch[0].t, need, calls)
+		b.mu.Lock()
+		for _, e := range batch {
+			if e.state == taken {
+				for i, c := range e.calls {
+					*c = *e.sent[i]
+				}
+				e.state = answered
+			}
+		}
+		b.mu.Unlock()
+		for _, e := range batch {
+			close(e.done)
+		}
+		batch = b.take()
+	}
 }

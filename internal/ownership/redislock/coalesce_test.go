@@ -2,6 +2,7 @@ package redislock_test
 
 import (
 	"context"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -81,12 +82,15 @@ func count(names []string, name string) int {
 // coalescing is a Locker on a throwaway server with DEBUG enabled, whose
 // pipelines are logged, and which has asked Redis once (so that nothing
 // of its own, such as its first INFO, waits behind a stall).
-func coalescing(t *testing.T, srv *testenv.RedisServer, cfg redislock.Config) (*redislock.Locker, *pipelineLog) {
+func coalescing(t *testing.T, srv *testenv.RedisServer, cfg redislock.Config, hooks ...redis.Hook) (*redislock.Locker, *pipelineLog) {
 	t.Helper()
 	client, err := redislock.NewClient(srv.URL(), redislock.ModeSingle)
 	require.NoError(t, err)
 	h := &pipelineLog{alone: make(chan struct{}, 64)}
 	client.AddHook(h)
+	for _, x := range hooks {
+		client.AddHook(x)
+	}
 	cfg.Prefix, cfg.Owner = "co", "co"
 	l, err := redislock.New(client, cfg)
 	require.NoError(t, err)
@@ -242,5 +246,147 @@ func TestQueuedAcquisitionLeavesOnItsContext(t *testing.T) {
 	defer log.mu.Unlock()
 	for _, p := range log.sent {
 		require.Zero(t, count(p, "acquire"), "a queued acquisition left: nothing was pipelined: %v", p)
+	}
+}
+
+// replyGate holds back the answer to the first command or pipeline that
+// carries an acquisition of key: Redis runs it, its caller waits for the
+// answer until the test opens the gate.
+type replyGate struct {
+	key  string // "{key}" as it appears in the lock's keys
+	sent chan struct{}
+	open chan struct{}
+	once sync.Once
+}
+
+func newReplyGate(t *testing.T, key string) *replyGate {
+	g := &replyGate{key: "{" + key + "}", sent: make(chan struct{}, 1), open: make(chan struct{})}
+	t.Cleanup(g.release)
+	return g
+}
+
+func (g *replyGate) release() { g.once.Do(func() { close(g.open) }) }
+
+func (g *replyGate) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (g *replyGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return asProcessHook(g.ProcessPipelineHook, next)
+}
+func (g *replyGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, c := range cmds {
+			if redislock.ScriptName(c) == "acquire" && strings.Contains(c.String(), g.key) {
+				select {
+				case g.sent <- struct{}{}:
+				default:
+				}
+				<-g.open
+				break
+			}
+		}
+		return err
+	}
+}
+
+// A caller whose acquisition a pipeline already carries, and whose context
+// ends before the answer comes, returns at once, as a call sent alone
+// returns when its context ends; the lock Redis made for it is deleted once
+// the answer comes, so no lock is left that no caller knows of. The other
+// acquisition in the same pipeline gets its lease.
+func TestSentAcquisitionLeavesOnItsContext(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedisServerWith(t, testenv.RedisServerOptions{Args: []string{"--enable-debug-command", "yes"}})
+	gate := newReplyGate(t, "gone")
+	l, log := coalescing(t, srv, redislock.Config{WaitTime: 30 * time.Second}, gate)
+	admin := srv.Client(t)
+	ctx := context.Background()
+	stalled := srv.Stall(t, 1500*time.Millisecond)
+	busy := acquireAll(ctx, l, []string{"busy0", "busy1"})
+	for range busy { // both in flight, alone, stuck in the stall: the next calls queue
+		select {
+		case <-log.alone:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the busy acquisitions were not sent")
+		}
+	}
+	gctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	gone := acquireAsync(gctx, l, "gone", 0)
+	require.Eventually(t, func() bool { return redislock.Queued(l) == 1 }, 10*time.Second, time.Millisecond)
+	kept := acquireAsync(ctx, l, "kept", 0)
+	require.Eventually(t, func() bool { return redislock.Queued(l) == 2 }, 10*time.Second, time.Millisecond)
+	<-stalled
+	select {
+	case <-gate.sent: // Redis ran both; the answer is held
+	case <-time.After(10 * time.Second):
+		t.Fatal("the queued acquisitions were not sent")
+	}
+	n, err := admin.Exists(ctx, "co:{gone}:lock").Result()
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n, "Redis made the lock")
+	cancel()
+	select {
+	case r := <-gone:
+		require.ErrorIs(t, r.err, ownership.ErrUnavailable)
+		require.ErrorIs(t, r.err, context.Canceled)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the caller waited for the answer after its context ended")
+	}
+	gate.release()
+	require.Eventually(t, func() bool {
+		n, err := admin.Exists(ctx, "co:{gone}:lock").Result()
+		return err == nil && n == 0
+	}, 10*time.Second, 10*time.Millisecond, "the lock of the caller that left was kept")
+	r := <-kept
+	require.NoError(t, r.err)
+	require.NoError(t, r.le.Release(ctx))
+	for i, ch := range busy {
+		r := <-ch
+		require.NoError(t, r.err, "busy%d", i)
+		require.NoError(t, r.le.Release(ctx))
+	}
+}
+
+// Close waits for the goroutines that send queued calls: none outlives it.
+func TestCloseWaitsForPipelines(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedisServerWith(t, testenv.RedisServerOptions{Args: []string{"--enable-debug-command", "yes"}})
+	gate := newReplyGate(t, "closing0")
+	l, log := coalescing(t, srv, redislock.Config{WaitTime: 30 * time.Second}, gate)
+	ctx := context.Background()
+	stalled := srv.Stall(t, time.Second)
+	busy := acquireAll(ctx, l, []string{"busy0", "busy1"})
+	for range busy {
+		select {
+		case <-log.alone:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the busy acquisitions were not sent")
+		}
+	}
+	keys := keysN("closing", 4)
+	got := acquireAll(ctx, l, keys)
+	require.Eventually(t, func() bool { return redislock.Queued(l) == len(keys) }, 10*time.Second, time.Millisecond)
+	<-stalled
+	select {
+	case <-gate.sent: // the queued pipeline is in flight, its answer held
+	case <-time.After(10 * time.Second):
+		t.Fatal("the queued acquisitions were not sent")
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- l.Close() }()
+	require.Never(t, func() bool { return len(closed) > 0 }, 300*time.Millisecond, 10*time.Millisecond,
+		"Close returned while a pipeline's sender was still running")
+	gate.release()
+	select {
+	case err := <-closed:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return once the pipeline answered")
+	}
+	buf := make([]byte, 1<<20)
+	stacks := string(buf[:runtime.Stack(buf, true)])
+	require.NotContains(t, stacks, "redislock.(*Locker).flush", "a pipeline's sender outlived Close")
+	for _, ch := range append(busy, got...) {
+		<-ch // acquired before or while closing: either way answered
 	}
 }

@@ -144,6 +144,7 @@ type Locker struct {
 	direct   batcher // calls through the client itself
 	bmu      sync.Mutex
 	batchers map[string]*batcher // calls through a node's client, by "node <addr>"
+	flushes  sync.WaitGroup      // the goroutines sending queued calls
 
 	pubsub *redis.PubSub
 	// rsubs: the Redisson unlock channels this Locker listens on while it
@@ -313,7 +314,7 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 			if err != nil {
 				// The script may have run (only its reply was lost, or ctx
 				// ended while it was in flight): delete what it wrote.
-				l.cleanup(key, token, 0)
+				l.cleanupAfter(err, key, token)
 				if cerr := ctx.Err(); cerr != nil {
 					err = fmt.Errorf("%w: %w", cerr, err)
 				}
@@ -492,7 +493,7 @@ func (l *Locker) giveBack(key, token string, fence int64, sent time.Time) error 
 	ctx, cancel := context.WithTimeout(l.runCtx, cleanupTimeout)
 	defer cancel()
 	if _, err := l.runRelease(ctx, key, token, 0); err != nil {
-		l.cleanup(key, token, 0)
+		l.cleanupAfter(err, key, token)
 	}
 	return fmt.Errorf("%w: fence %d answered after %s", ErrAcquiredTooLate, fence, took.Round(time.Millisecond))
 }
@@ -692,7 +693,7 @@ func (l *Locker) release(ctx context.Context, t *ownership.Term) error {
 	ended, err := l.runRelease(ctx, t.Key(), t.Token(), t.Fence())
 	if err != nil {
 		// It may have run; if not, nobody holds the lock now: delete it.
-		l.cleanup(t.Key(), t.Token(), 0)
+		l.cleanupAfter(err, t.Key(), t.Token())
 		return fmt.Errorf("%w: %w", ownership.ErrUnavailable, err)
 	}
 	if !ended {
@@ -734,12 +735,32 @@ func (l *Locker) cleanup(key, token string, delay time.Duration) {
 			// Not cut short by Close: the margin is the holder's time to stop.
 			time.Sleep(delay)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
-		defer cancel()
-		if _, err := l.runRelease(ctx, key, token, 0); err != nil {
-			l.log.Debug("lock_cleanup_failed", "lock_key", key, "error", err)
-		}
+		l.deleteByToken(key, token)
 	})
+}
+
+// cleanupAfter is cleanup(key, token, 0) for a call of token's that failed
+// with err. Where err says a pipeline still carries the call (its caller's
+// context ended first), the delete waits for the pipeline's answer: sent
+// before it, it could otherwise run first and leave the lock behind.
+func (l *Locker) cleanupAfter(err error, key, token string) {
+	answered := sentAndLeft(err)
+	if answered == nil {
+		l.cleanup(key, token, 0)
+		return
+	}
+	l.background(func() {
+		<-answered // the go-redis timeouts bound the pipeline
+		l.deleteByToken(key, token)
+	})
+}
+
+func (l *Locker) deleteByToken(key, token string) {
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	if _, err := l.runRelease(ctx, key, token, 0); err != nil {
+		l.log.Debug("lock_cleanup_failed", "lock_key", key, "error", err)
+	}
 }
 
 // background runs fn in a goroutine Close waits for; after Close, fn is
@@ -786,6 +807,7 @@ func (l *Locker) Close() error {
 	l.mu.Unlock()
 	l.closeRedissonSubs()
 	l.wg.Wait()
+	l.flushes.Wait()
 	l.closeRedirects()
 	return nil
 }
