@@ -229,7 +229,10 @@ func newLockRun(log *slog.Logger, locker ownership.Locker, lease ownership.Lease
 // with backoff, within the same budget. A zero wait is one try, as flock -n.
 func acquireWithin(ctx context.Context, locker ownership.Locker, key string, lease, wait time.Duration, log *slog.Logger) (ownership.Lease, error) {
 	end := time.Now().Add(wait)
-	if wait <= 0 {
+	if wait <= 0 { // one try, even where the Locker's own wait is longer
+		if wl, ok := locker.(ownership.WaitLocker); ok {
+			return wl.AcquireWithin(ctx, key, lease, 0)
+		}
 		return locker.Acquire(ctx, key, lease)
 	}
 	// The first try too waits only for the budget given, which may be less

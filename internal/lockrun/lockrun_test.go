@@ -310,6 +310,21 @@ func TestWaitCountsTheLockersOpen(t *testing.T) {
 	took := time.Since(start)
 	require.Equal(t, 75, code, errs.String())
 	require.Less(t, took, 2200*time.Millisecond, "the 1.5 s budget included the 1 s open")
+
+	// An open that took the whole budget leaves one try, not the Locker's
+	// own wait (--wait) on top.
+	start = time.Now()
+	code = Run(context.Background(), Config{
+		Args: a, WatchdogTimeout: 30 * time.Second, Wait: 1500 * time.Millisecond, Stderr: &errs,
+		Open: func(context.Context, time.Duration) (ownership.Locker, error) {
+			time.Sleep(2 * time.Second)
+			return memUnclosable{mem}, nil
+		},
+		Environ: []string{"PATH=" + os.Getenv("PATH")},
+	})
+	took = time.Since(start)
+	require.Equal(t, 75, code, errs.String())
+	require.Less(t, took, 2700*time.Millisecond, "one try after an open that spent the 1.5 s budget")
 }
 
 // memUnclosable keeps Run's Close from closing the test's MemoryLocker,
