@@ -33,9 +33,9 @@ type IndexerConfig struct {
 	// session) is cut off, and the group notices the indexer gone by its
 	// session instead. Default DefaultStopTimeout.
 	StopTimeout time.Duration
-	Pool       *pgxpool.Pool
-	Log        *slog.Logger
-	Metrics    *Metrics
+	Pool        *pgxpool.Pool
+	Log         *slog.Logger
+	Metrics     *Metrics
 }
 
 // Indexer writes every record of the events topic into ownership_events,
@@ -45,8 +45,8 @@ type IndexerConfig struct {
 // written by one replica, whichever emitted the event; a new group starts
 // at the oldest retained record.
 type Indexer struct {
-	cfg  IndexerConfig
-	cl   *kgo.Client
+	cfg IndexerConfig
+	cl  *kgo.Client
 	// kill cancels the client's own context: its requests in flight (a
 	// JoinGroup the broker holds) end at once.
 	kill context.CancelFunc
