@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -84,6 +85,12 @@ func redisOptions(cfg config.Config) (*redis.UniversalOptions, error) {
 	}
 	if cfg.LockRedisPassword != "" {
 		opts.Password = cfg.LockRedisPassword
+	}
+	// Test builds only (testhooks): the chaos verifier's proxies.
+	if dial, err := redisTestDialer(cmp.Or(opts.DialTimeout, redislock.DefaultDialTimeout)); err != nil {
+		return nil, err
+	} else if dial != nil {
+		opts.Dialer = dial
 	}
 	if files := cfg.LockRedisTLSFiles(); files.Any() {
 		if opts.TLSConfig == nil {

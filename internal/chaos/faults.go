@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -16,14 +17,18 @@ import (
 // ends. A fault that has begun is carried to its end (a paused process is
 // continued, a stopped server started again) even if the phase ends
 // meanwhile; root cancels everything.
-func (r *run) runFaults(phase context.Context) {
+func (r *run) runFaults(phase context.Context, plan []FaultSpec) {
 	root := context.WithoutCancel(phase)
-	for i, f := range r.plan {
+	for i, f := range plan {
 		if !pause(phase, time.Duration(r.hist.StartNS+f.At.Nanoseconds()-Mono())) {
 			return
 		}
 		rec := FaultRecord{Spec: f, StartNS: Mono()}
-		rec.Target, rec.Detail = r.inject(root, i, f)
+		if isNetFault(f.Kind) {
+			rec.Target, rec.Detail = r.injectNet(root, i, f, &rec)
+		} else {
+			rec.Target, rec.Detail = r.inject(root, i, f, &rec)
+		}
 		rec.Skipped = rec.Target == ""
 		rec.EndNS = Mono()
 		r.mu.Lock()
@@ -36,12 +41,16 @@ func (r *run) runFaults(phase context.Context) {
 		if rec.Detail != "" {
 			msg += ": " + rec.Detail
 		}
-		r.logf("fault %d/%d at %s: %s (took %s)", i+1, len(r.plan), r.hist.rel(rec.StartNS), msg, time.Duration(rec.EndNS-rec.StartNS).Round(10*time.Millisecond))
+		stream := "fault"
+		if isNetFault(f.Kind) {
+			stream = "network fault"
+		}
+		r.logf("%s %d/%d at %s: %s (took %s)", stream, i+1, len(plan), r.hist.rel(rec.StartNS), msg, time.Duration(rec.EndNS-rec.StartNS).Round(10*time.Millisecond))
 	}
 }
 
 // inject carries out one fault and says what it hit.
-func (r *run) inject(ctx context.Context, i int, f FaultSpec) (target, detail string) {
+func (r *run) inject(ctx context.Context, i int, f FaultSpec, rec *FaultRecord) (target, detail string) {
 	switch f.Kind {
 	case FaultRedisRestart, FaultRedisFailover, FaultRedisStall:
 		// The takeover goes out as soon as the master answers again, while
@@ -144,8 +153,85 @@ func (r *run) inject(ctx context.Context, i int, f FaultSpec) (target, detail st
 	case FaultPoisonTrigger, FaultOversized:
 		detail := r.poison(ctx, i, f)
 		return topicBillrun, detail
+
+	case FaultPGLostCommits:
+		return r.loseCommits(ctx, f, rec)
 	}
 	return "", "unknown fault kind"
+}
+
+// loseCommits makes PostgreSQL acknowledge commits it has not written:
+// synchronous_commit off and the WAL writer's longest delay (server-wide, so
+// every session, the verifier's own too, commits asynchronously and nothing
+// flushes the WAL early) for f.Hold, then an immediate shutdown, which
+// discards the WAL still in shared memory. The settings are reset on disk
+// before the crash, so the server comes back synchronous. PostgreSQL loses
+// a suffix of its commit history, the same for every table.
+func (r *run) loseCommits(ctx context.Context, f FaultSpec, rec *FaultRecord) (target, detail string) {
+	target = fmt.Sprintf("postgres (port %d)", r.pg.port)
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(cctx, r.pg.dsn())
+	if err != nil {
+		return target, "could not connect: " + err.Error()
+	}
+	defer conn.Close(context.Background())
+	for _, q := range []string{
+		`alter system set synchronous_commit = off`,
+		`alter system set wal_writer_delay = '10s'`,
+		`alter system set wal_writer_flush_after = '1GB'`,
+		`select pg_reload_conf()`,
+	} {
+		if _, err := conn.Exec(cctx, q); err != nil {
+			return target, fmt.Sprintf("%s: %v", q, err)
+		}
+	}
+	pause(ctx, f.Hold)
+	var next int64
+	var insertLSN, flushLSN string
+	qctx, qcancel := context.WithTimeout(ctx, 5*time.Second)
+	err = conn.QueryRow(qctx, `select pg_snapshot_xmax(pg_current_snapshot())::text::bigint,
+       pg_current_wal_insert_lsn()::text, pg_current_wal_flush_lsn()::text`).Scan(&next, &insertLSN, &flushLSN)
+	qcancel()
+	if err != nil {
+		detail = "reading the WAL position: " + err.Error() + "; "
+	}
+	for _, q := range []string{`alter system reset synchronous_commit`, `alter system reset wal_writer_delay`, `alter system reset wal_writer_flush_after`} {
+		if _, err := conn.Exec(cctx, q); err != nil {
+			detail += fmt.Sprintf("%s: %v; ", q, err)
+		}
+	}
+	r.pg.halt(syscall.SIGQUIT)
+	rec.CrashNS = Mono()
+	pause(ctx, f.Down)
+	detail += fmt.Sprintf("commits asynchronous (synchronous_commit=off, wal_writer_delay=10s) for %s, then an immediate shutdown (SIGQUIT) with WAL inserted to %s, flushed to %s; down %s more",
+		f.Hold.Round(10*time.Millisecond), insertLSN, flushLSN, f.Down.Round(10*time.Millisecond))
+	if err := r.startWithRetry(ctx, r.pg.start); err != nil {
+		return target, detail + ": restart failed: " + err.Error()
+	}
+	// Crash recovery ends with a checkpoint: its next xid and redo point are
+	// where the surviving history ends, before any new transaction.
+	var after, lostBytes int64
+	qctx, qcancel = context.WithTimeout(ctx, 10*time.Second)
+	defer qcancel()
+	if c2, err := pgx.Connect(qctx, r.pg.dsn()); err == nil {
+		err = c2.QueryRow(qctx, `select split_part(next_xid, ':', 2)::bigint,
+       greatest(0, pg_wal_lsn_diff(coalesce(nullif($1, '')::pg_lsn, redo_lsn), redo_lsn))::bigint
+from pg_control_checkpoint()`, insertLSN).Scan(&after, &lostBytes)
+		c2.Close(context.Background())
+		if err != nil {
+			detail += "; reading the checkpoint: " + err.Error()
+		}
+		if next &= 0xffffffff; err == nil && next > after {
+			rec.LostFrom, rec.LostTo, rec.LostXacts = after, next, next-after
+		}
+	}
+	if rec.LostXacts > 0 {
+		detail += fmt.Sprintf("; started: %d bytes of WAL and transactions %d..%d (%d) did not survive", lostBytes, rec.LostFrom, rec.LostTo-1, rec.LostXacts)
+	} else {
+		detail += "; started: every transaction survived"
+	}
+	return target, detail
 }
 
 func (r *run) injectRedis(ctx context.Context, f FaultSpec, after func()) (target, detail string) {
@@ -336,6 +422,9 @@ func (r *run) poison(ctx context.Context, i int, f FaultSpec) string {
 // processes continue, servers that are down start, and the replicas are all
 // running again.
 func (r *run) heal(ctx context.Context) {
+	if err := r.net.healAll(); err != nil {
+		r.logf("heal: network: %v", err)
+	}
 	for _, s := range r.slots {
 		s.mu.Lock()
 		inc := s.cur
