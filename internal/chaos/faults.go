@@ -187,19 +187,20 @@ func (r *run) loseCommits(ctx context.Context, f FaultSpec, rec *FaultRecord) (t
 		}
 	}
 	pause(ctx, f.Hold)
+	qctx, qcancel := context.WithTimeout(ctx, 10*time.Second)
+	for _, q := range []string{`alter system reset synchronous_commit`, `alter system reset wal_writer_delay`, `alter system reset wal_writer_flush_after`} {
+		if _, err := conn.Exec(qctx, q); err != nil {
+			detail += fmt.Sprintf("%s: %v; ", q, err)
+		}
+	}
+	// The last moment before the crash: what was handed out by then.
 	var next int64
 	var insertLSN, flushLSN string
-	qctx, qcancel := context.WithTimeout(ctx, 5*time.Second)
 	err = conn.QueryRow(qctx, `select pg_snapshot_xmax(pg_current_snapshot())::text::bigint,
        pg_current_wal_insert_lsn()::text, pg_current_wal_flush_lsn()::text`).Scan(&next, &insertLSN, &flushLSN)
 	qcancel()
 	if err != nil {
-		detail = "reading the WAL position: " + err.Error() + "; "
-	}
-	for _, q := range []string{`alter system reset synchronous_commit`, `alter system reset wal_writer_delay`, `alter system reset wal_writer_flush_after`} {
-		if _, err := conn.Exec(cctx, q); err != nil {
-			detail += fmt.Sprintf("%s: %v; ", q, err)
-		}
+		detail += "reading the WAL position: " + err.Error() + "; "
 	}
 	r.pg.halt(syscall.SIGQUIT)
 	rec.CrashNS = Mono()
