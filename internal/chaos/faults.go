@@ -129,6 +129,15 @@ func (r *run) inject(ctx context.Context, i int, f FaultSpec, rec *FaultRecord) 
 		if f.Hard {
 			sig, how = syscall.SIGQUIT, "immediate shutdown (SIGQUIT)"
 		}
+		if f.AlignTick {
+			// Half a second before the next bill-run cron tick.
+			next := time.Now().Truncate(cronEvery).Add(cronEvery)
+			if time.Until(next) < time.Second {
+				next = next.Add(cronEvery)
+			}
+			pause(ctx, time.Until(next)-500*time.Millisecond)
+			how += fmt.Sprintf(" just before the cron tick at %s", r.hist.relWall(next))
+		}
 		r.pg.halt(sig)
 		pause(ctx, f.Hold)
 		detail = fmt.Sprintf("%s, down %s more, started", how, f.Hold.Round(10*time.Millisecond))
@@ -166,14 +175,28 @@ func (r *run) inject(ctx context.Context, i int, f FaultSpec, rec *FaultRecord) 
 // flushes the WAL early) for f.Hold, then an immediate shutdown, which
 // discards the WAL still in shared memory. The settings are reset on disk
 // before the crash, so the server comes back synchronous. PostgreSQL loses
-// a suffix of its commit history, the same for every table.
+// a suffix of its commit history, the same for every table. With Count > 1
+// (sabotage mode) it does so Count times in a row.
 func (r *run) loseCommits(ctx context.Context, f FaultSpec, rec *FaultRecord) (target, detail string) {
 	target = fmt.Sprintf("postgres (port %d)", r.pg.port)
+	var parts []string
+	for i := 0; i < max(f.Count, 1); i++ {
+		d, lost, err := r.loseCommitsOnce(ctx, f.Hold, f.Down, rec)
+		parts = append(parts, d)
+		if err != nil {
+			break
+		}
+		rec.LostXacts += lost
+	}
+	return target, strings.Join(parts, "; then ")
+}
+
+func (r *run) loseCommitsOnce(ctx context.Context, hold, down time.Duration, rec *FaultRecord) (detail string, lost int64, err error) {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	conn, err := pgx.Connect(cctx, r.pg.dsn())
 	if err != nil {
-		return target, "could not connect: " + err.Error()
+		return "could not connect: " + err.Error(), 0, err
 	}
 	defer conn.Close(context.Background())
 	for _, q := range []string{
@@ -183,10 +206,10 @@ func (r *run) loseCommits(ctx context.Context, f FaultSpec, rec *FaultRecord) (t
 		`select pg_reload_conf()`,
 	} {
 		if _, err := conn.Exec(cctx, q); err != nil {
-			return target, fmt.Sprintf("%s: %v", q, err)
+			return fmt.Sprintf("%s: %v", q, err), 0, err
 		}
 	}
-	pause(ctx, f.Hold)
+	pause(ctx, hold)
 	qctx, qcancel := context.WithTimeout(ctx, 10*time.Second)
 	for _, q := range []string{`alter system reset synchronous_commit`, `alter system reset wal_writer_delay`, `alter system reset wal_writer_flush_after`} {
 		if _, err := conn.Exec(qctx, q); err != nil {
@@ -204,19 +227,19 @@ func (r *run) loseCommits(ctx context.Context, f FaultSpec, rec *FaultRecord) (t
 	}
 	r.pg.halt(syscall.SIGQUIT)
 	rec.CrashNS = Mono()
-	pause(ctx, f.Down)
+	pause(ctx, down)
 	detail += fmt.Sprintf("commits asynchronous (synchronous_commit=off, wal_writer_delay=10s) for %s, then an immediate shutdown (SIGQUIT) with WAL inserted to %s, flushed to %s; down %s more",
-		f.Hold.Round(10*time.Millisecond), insertLSN, flushLSN, f.Down.Round(10*time.Millisecond))
+		hold.Round(10*time.Millisecond), insertLSN, flushLSN, down.Round(10*time.Millisecond))
 	if err := r.startWithRetry(ctx, r.pg.start); err != nil {
-		return target, detail + ": restart failed: " + err.Error()
+		return detail + ": restart failed: " + err.Error(), 0, err
 	}
 	// Crash recovery ends with a checkpoint: its next xid and redo point are
 	// where the surviving history ends, before any new transaction.
 	var after, lostBytes int64
-	qctx, qcancel = context.WithTimeout(ctx, 10*time.Second)
-	defer qcancel()
-	if c2, err := pgx.Connect(qctx, r.pg.dsn()); err == nil {
-		err = c2.QueryRow(qctx, `select split_part(next_xid, ':', 2)::bigint,
+	rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer rcancel()
+	if c2, err := pgx.Connect(rctx, r.pg.dsn()); err == nil {
+		err = c2.QueryRow(rctx, `select split_part(next_xid, ':', 2)::bigint,
        greatest(0, pg_wal_lsn_diff(coalesce(nullif($1, '')::pg_lsn, redo_lsn), redo_lsn))::bigint
 from pg_control_checkpoint()`, insertLSN).Scan(&after, &lostBytes)
 		c2.Close(context.Background())
@@ -224,15 +247,19 @@ from pg_control_checkpoint()`, insertLSN).Scan(&after, &lostBytes)
 			detail += "; reading the checkpoint: " + err.Error()
 		}
 		if next &= 0xffffffff; err == nil && next > after {
-			rec.LostFrom, rec.LostTo, rec.LostXacts = after, next, next-after
+			lost = next - after
+			if rec.LostFrom == 0 {
+				rec.LostFrom = after
+			}
+			rec.LostTo = next
 		}
 	}
-	if rec.LostXacts > 0 {
-		detail += fmt.Sprintf("; started: %d bytes of WAL and transactions %d..%d (%d) did not survive", lostBytes, rec.LostFrom, rec.LostTo-1, rec.LostXacts)
+	if lost > 0 {
+		detail += fmt.Sprintf("; started: %d bytes of WAL and transactions %d..%d (%d) did not survive", lostBytes, after, next-1, lost)
 	} else {
 		detail += "; started: every transaction survived"
 	}
-	return target, detail
+	return detail, lost, nil
 }
 
 func (r *run) injectRedis(ctx context.Context, f FaultSpec, after func()) (target, detail string) {

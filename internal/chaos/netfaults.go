@@ -133,6 +133,15 @@ func (r *run) pickHost(ctx context.Context, f FaultSpec) (host, who, period stri
 			holding = slices.DeleteFunc(holding, func(h string) bool { return !slices.Contains(r.net.deps(h), f.Dep) })
 		}
 		if f.PreferOwner && len(holding) > 0 {
+			// Half the time an in-process holder if there is one: the
+			// fenced store shows what became of it (cutOffs).
+			if f.Target%2 == 0 {
+				for _, h := range holding {
+					if r.inprocByHost(h) != nil {
+						return h, "", ""
+					}
+				}
+			}
 			return holding[f.Target%len(holding)], "", ""
 		}
 		if len(hosts) > 0 {

@@ -86,6 +86,9 @@ type FaultSpec struct {
 	Count int `json:"count,omitempty"`
 	// Down: how long a server stays down after a crash (lost commits).
 	Down time.Duration `json:"down,omitempty"`
+	// AlignTick: start just before the next bill-run cron tick (sabotage
+	// mode's PostgreSQL restart, so that a tick meets the outage).
+	AlignTick bool `json:"align_tick,omitempty"`
 
 	// Network faults. OnWorker: the fault hits a lock worker (a `coordinator
 	// lock` worker or an in-process Locker worker), not a replica. Dep is
@@ -113,6 +116,9 @@ func (f FaultSpec) String() string {
 	}
 	if f.Retrigger {
 		b.WriteString(" retrigger")
+	}
+	if f.AlignTick {
+		b.WriteString(" align_tick")
 	}
 	if f.Count > 0 {
 		fmt.Fprintf(&b, " count=%d", f.Count)
@@ -166,9 +172,12 @@ func estimate(f FaultSpec) time.Duration {
 	case FaultKafkaRestart:
 		return f.Hold + 15*time.Second
 	case FaultPGRestart:
+		if f.AlignTick {
+			return f.Hold + cronEvery + 3*time.Second
+		}
 		return f.Hold + 3*time.Second
 	case FaultPGLostCommits:
-		return f.Hold + f.Down + 4*time.Second
+		return time.Duration(max(f.Count, 1)) * (f.Hold + f.Down + 4*time.Second)
 	default:
 		return f.Hold
 	}
@@ -178,8 +187,11 @@ func estimate(f FaultSpec) time.Duration {
 // first round has every enabled kind once, in an order drawn from the seed
 // (as far as the phase has room); after that kinds are drawn at random.
 // In sabotage mode the faults the sabotaged build mishandles (a replica
-// paused past its lease, a Redis restart that loses its lock) come first,
-// are drawn three times as often, and are always followed by a takeover.
+// paused past its lease, a Redis restart that loses its lock, PostgreSQL
+// losing acknowledged commits, a PostgreSQL outage across a cron tick) come
+// first, are drawn three times as often, and are always followed by a
+// takeover; a PostgreSQL restart then starts just before a cron tick and
+// keeps the server down past the claim's retries.
 func Plan(seed uint64, d time.Duration, kinds []string, sabotage bool) []FaultSpec {
 	rng := rand.New(rand.NewPCG(seed, 0xfa017))
 	if len(kinds) == 0 {
@@ -191,7 +203,8 @@ func Plan(seed uint64, d time.Duration, kinds []string, sabotage bool) []FaultSp
 	}
 	round := slices.Clone(kinds)
 	rng.Shuffle(len(round), func(i, j int) { round[i], round[j] = round[j], round[i] })
-	favoured := []string{FaultRedisRestart, FaultPauseReplica}
+	// Moved to the front in turn: the last comes first.
+	favoured := []string{FaultPGRestart, FaultPGLostCommits, FaultRedisRestart, FaultPauseReplica}
 	weighted := slices.Clone(kinds)
 	if sabotage {
 		for _, k := range favoured {
@@ -215,6 +228,16 @@ func Plan(seed uint64, d time.Duration, kinds []string, sabotage bool) []FaultSp
 		f := specFor(rng, kind)
 		if sabotage && slices.Contains(favoured, kind) {
 			f.Retrigger = true
+			switch kind {
+			case FaultPGRestart:
+				f.AlignTick = true
+				f.Hold = between(rng, 6*time.Second, 8*time.Second)
+			case FaultPGLostCommits:
+				// Each crash loses about a page of WAL, not always a batch:
+				// three in a row.
+				f.Count = 3
+				f.Hold = between(rng, 2*time.Second, 4*time.Second)
+			}
 		}
 		f.At = t
 		if t+estimate(f) > d-tailQuiet {

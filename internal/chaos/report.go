@@ -198,7 +198,7 @@ func markdown(rep Report, h *History, r *run, anomalies []Anomaly) string {
 	w("Verdict: %s.\n\n", verdict)
 	sab := "no"
 	if r.cfg.Sabotage {
-		sab = "**yes** (the chaos_sabotage build: a bill run ignores a lost lease and skips the batch fence check; anomalies are expected)"
+		sab = "**yes** (the chaos_sabotage build: a bill run ignores a lost lease and skips the batch fence check, completes without reconciling, and a failed cron tick is dropped; anomalies are expected)"
 	}
 	w("| | |\n|---|---|\n")
 	w("| seed | %d |\n| fault phase | %s |\n| recovery bound | %s (quiet phase used: %s) |\n| sabotage | %s |\n| coordinator | `%s` |\n| replicas, lock workers | %d, %d on %d keys |\n| subscribers per period | %d |\n\n",
