@@ -159,3 +159,56 @@ func (c cutOff) String(h *History) string {
 		c.fault.Spec.Kind, h.rel(c.fault.StartNS), c.fault.Host, time.Duration(c.fault.EndNS-c.fault.StartNS).Round(100*time.Millisecond),
 		c.holder.Holder, c.holder.Fence, c.holder.Key, lost, newer, c.refused, c.acceptedAf)
 }
+
+// ownerCutOff is a bill-run owner cut off from Redis (or from everything)
+// by a partition while its run went on: the first newer claim of its period
+// after the partition began, and how many batches the cut-off owner
+// committed after that claim (the batch statement's fence check must refuse
+// them all: stale_batch_commit reports each one it let through).
+type ownerCutOff struct {
+	fault FaultRecord
+	fence int64 // the cut-off owner's claim fence
+	newer *BillRunChange
+	after int
+}
+
+func (h *History) ownerCutOffs() []ownerCutOff {
+	var out []ownerCutOff
+	for _, f := range h.Faults {
+		if f.Replica == "" || f.Period == "" || (f.Spec.Kind != FaultPartitionRedis && f.Spec.Kind != FaultPartitionAll) || h.WallStart.IsZero() {
+			continue
+		}
+		began := h.WallStart.Add(time.Duration(f.StartNS - h.StartNS))
+		c := ownerCutOff{fault: f}
+		for _, l := range h.BillRunLog {
+			if l.Period == f.Period && l.Owner == f.Replica && l.Status == "RUNNING" && !l.CommittedAt.After(began) {
+				c.fence = l.Fence
+			}
+		}
+		for i, l := range h.BillRunLog {
+			if l.Period == f.Period && l.Owner != f.Replica && l.Status == "RUNNING" && l.CommittedAt.After(began) && l.Fence > c.fence {
+				c.newer = &h.BillRunLog[i]
+				break
+			}
+		}
+		if c.newer != nil {
+			for _, b := range h.Batches {
+				if b.Period == f.Period && b.Owner == f.Replica && b.CommittedAt.After(c.newer.CommittedAt) {
+					c.after++
+				}
+			}
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+func (c ownerCutOff) String(h *History) string {
+	newer := "no other replica claimed it meanwhile"
+	if c.newer != nil {
+		newer = fmt.Sprintf("%s claimed it with fence %d at %s", c.newer.Owner, c.newer.Fence, h.relWall(c.newer.CommittedAt))
+	}
+	return fmt.Sprintf("%s at %s on %s for %s: %s owned billrun:%s (claim fence %d); %s; its batches committed after that claim: %d",
+		c.fault.Spec.Kind, h.rel(c.fault.StartNS), c.fault.Host, time.Duration(c.fault.EndNS-c.fault.StartNS).Round(100*time.Millisecond),
+		c.fault.Replica, c.fault.Period, c.fence, newer, c.after)
+}

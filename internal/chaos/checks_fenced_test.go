@@ -106,3 +106,32 @@ func TestCheckEventsExcusesCompletionsLostWithCommits(t *testing.T) {
 	h.BillRunLog = append(h.BillRunLog, BillRunChange{Period: "2026-01", Status: "COMPLETED", EventID: "first"}) // it survived
 	requireKinds(t, checkEvents(h), KindEventsRunCompleted)
 }
+
+// A bill-run owner cut off from Redis: the newer claim of its period and
+// the batches the cut-off owner committed after it are reported.
+func TestOwnerCutOffs(t *testing.T) {
+	wall := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	at := func(s int) time.Time { return wall.Add(time.Duration(s) * time.Second) }
+	h := &History{
+		StartNS: 1 * sec, WallStart: wall,
+		Faults: []FaultRecord{{Spec: FaultSpec{Kind: FaultPartitionRedis}, Host: "r2", Replica: "r2-1", Period: "2026-04", StartNS: 11 * sec, EndNS: 19 * sec}},
+		BillRunLog: []BillRunChange{
+			{Period: "2026-04", Owner: "r2-1", Status: "RUNNING", Fence: 1, CommittedAt: at(5)},
+			{Period: "2026-04", Owner: "r3-1", Status: "RUNNING", Fence: 2, CommittedAt: at(15)},
+		},
+		Batches: []BatchRow{
+			{Period: "2026-04", Owner: "r2-1", Fence: 1, CommittedAt: at(12)},
+			{Period: "2026-04", Owner: "r3-1", Fence: 2, CommittedAt: at(16)},
+		},
+	}
+	cs := h.ownerCutOffs()
+	require.Len(t, cs, 1)
+	require.EqualValues(t, 1, cs[0].fence)
+	require.Equal(t, "r3-1", cs[0].newer.Owner)
+	require.Equal(t, 0, cs[0].after)
+	require.Contains(t, cs[0].String(h), "r3-1 claimed it with fence 2")
+
+	h.Batches = append(h.Batches, BatchRow{Period: "2026-04", Owner: "r2-1", Fence: 1, CommittedAt: at(17)})
+	require.Equal(t, 1, h.ownerCutOffs()[0].after, "a batch of the cut-off owner after the newer claim")
+	requireKinds(t, checkBatchFences(h), KindStaleBatchCommit)
+}

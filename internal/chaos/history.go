@@ -79,6 +79,9 @@ type FaultRecord struct {
 	Host   string   `json:",omitempty"`
 	Deps   []string `json:",omitempty"`
 	Holder string   `json:",omitempty"`
+	// Replica, Period: the replica hit owned the bill run of Period then.
+	Replica string `json:",omitempty"`
+	Period  string `json:",omitempty"`
 	// Lost commits: commits were asynchronous from StartNS to CrashNS (the
 	// immediate shutdown); transaction ids LostFrom..LostTo-1 had been
 	// handed out and did not survive the crash (LostXacts of them).

@@ -12,7 +12,7 @@ import (
 // to one dependency (or all of its dependencies), held for f.Hold, then
 // removed.
 func (r *run) injectNet(ctx context.Context, i int, f FaultSpec, rec *FaultRecord) (target, detail string) {
-	host, who, period := r.pickHost(ctx, f)
+	host, who, period, incID := r.pickHost(ctx, f)
 	if host == "" {
 		return "", "no process to hit"
 	}
@@ -35,6 +35,9 @@ func (r *run) injectNet(ctx context.Context, i int, f FaultSpec, rec *FaultRecor
 		return "", fmt.Sprintf("%s has no link to %s", host, strings.Join(deps, ", "))
 	}
 	rec.Host, rec.Deps = host, deps
+	if period != "" {
+		rec.Replica, rec.Period = incID, period
+	}
 	if iw := r.inprocByHost(host); iw != nil {
 		if s, ok := iw.current(); ok {
 			rec.Holder = s.Holder
@@ -111,7 +114,7 @@ func netToxics(f FaultSpec) ([]toxic, string, bool) {
 // run, whose period it returns) or, with OnWorker, a lock worker
 // (preferably one holding a lease). Kafka links exist on replicas only,
 // PostgreSQL links on replicas and in-process workers.
-func (r *run) pickHost(ctx context.Context, f FaultSpec) (host, who, period string) {
+func (r *run) pickHost(ctx context.Context, f FaultSpec) (host, who, period, incID string) {
 	if f.OnWorker {
 		var hosts, holding []string
 		for w := 0; w < r.cfg.LockWorkers; w++ {
@@ -138,29 +141,29 @@ func (r *run) pickHost(ctx context.Context, f FaultSpec) (host, who, period stri
 			if f.Target%2 == 0 {
 				for _, h := range holding {
 					if r.inprocByHost(h) != nil {
-						return h, "", ""
+						return h, "", "", ""
 					}
 				}
 			}
-			return holding[f.Target%len(holding)], "", ""
+			return holding[f.Target%len(holding)], "", "", ""
 		}
 		if len(hosts) > 0 {
-			return hosts[f.Target%len(hosts)], "", ""
+			return hosts[f.Target%len(hosts)], "", "", ""
 		}
 	}
 	if len(r.slots) == 0 {
-		return "", "", ""
+		return "", "", "", ""
 	}
 	inc, why, p := r.pickReplica(ctx, f)
 	if inc == nil {
 		s := r.slots[f.Target%len(r.slots)]
-		return replicaHost(s.idx), "no replica running in the slot", ""
+		return replicaHost(s.idx), "no replica running in the slot", "", ""
 	}
 	s := r.slotOf(inc)
 	if s == nil {
-		return "", "", ""
+		return "", "", "", ""
 	}
-	return replicaHost(s.idx), fmt.Sprintf("%s, pid %d%s", inc.id, inc.proc.pid(), why), p
+	return replicaHost(s.idx), fmt.Sprintf("%s, pid %d%s", inc.id, inc.proc.pid(), why), p, inc.id
 }
 
 // currentID is the replica id of a replica host's current incarnation ("").

@@ -97,7 +97,7 @@ func operations(h *History) map[string]int64 {
 			ops["fenced_store_refused"]++
 		}
 	}
-	ops["partition_cutoffs"] = int64(len(h.cutOffs()))
+	ops["partition_cutoffs"] = int64(len(h.cutOffs()) + len(h.ownerCutOffs()))
 	for _, v := range h.cronVerdicts() {
 		ops["cron_ticks_"+v.how]++
 	}
@@ -232,9 +232,12 @@ func markdown(rep Report, h *History, r *run, anomalies []Anomaly) string {
 	if n := len(r.plan) + len(r.netPlan); len(h.Faults) < n {
 		w("\n%d planned faults did not start before the phase ended (an earlier fault overran its estimate).\n", n-len(h.Faults))
 	}
-	if cs := h.cutOffs(); len(cs) > 0 {
-		w("\n## Lease holders cut off by a partition\n\nAn in-process worker holding a lease when a partition from Redis longer than the lease began: the store must refuse its writes once a newer holder has written (`two_writers_accepted` checks every key).\n\n")
+	if cs, os := h.cutOffs(), h.ownerCutOffs(); len(cs)+len(os) > 0 {
+		w("\n## Lease holders cut off by a partition\n\nA holder cut off from Redis longer than its lease: once a newer holder has written, its writes must be refused (in-process workers: the fenced store, `two_writers_accepted`; bill-run owners: the batch statement's fence check, `stale_batch_commit`).\n\n")
 		for _, c := range cs {
+			w("- %s\n", mdEscape(c.String(h)))
+		}
+		for _, c := range os {
 			w("- %s\n", mdEscape(c.String(h)))
 		}
 	}
