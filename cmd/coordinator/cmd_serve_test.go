@@ -38,6 +38,8 @@ func TestServeRejectsBadConfigBeforeTouchingServices(t *testing.T) {
 		want []string
 	}{
 		{"bad wait time", with("COORDINATOR_LOCK_WAIT_TIME", "banana"), nil, []string{"COORDINATOR_LOCK_WAIT_TIME", "banana"}},
+		{"bad lock layout", with("COORDINATOR_LOCK_LAYOUT", "redlock"), nil, []string{"COORDINATOR_LOCK_LAYOUT", "redlock", "coordinator, redisson"}},
+		{"bad lock layout flag", base, []string{"--lock-layout", "jedis"}, []string{"COORDINATOR_LOCK_LAYOUT", "jedis"}},
 		{"bad schedule", with("COORDINATOR_REAPER_SCHEDULE", "every tuesday"), nil, []string{"COORDINATOR_REAPER_SCHEDULE", "every tuesday"}},
 		{"bad http addr", with("COORDINATOR_HTTP_ADDR", "nowhere"), nil, []string{"COORDINATOR_HTTP_ADDR"}},
 		{"bad flag value", base, []string{"--shutdown-timeout", "soon"}, []string{"COORDINATOR_SHUTDOWN_TIMEOUT", "soon"}},

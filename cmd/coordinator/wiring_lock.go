@@ -38,11 +38,16 @@ func openLocker(ctx context.Context, cfg config.Config, log *slog.Logger, reg pr
 	if err != nil {
 		return nil, err
 	}
+	layout, err := redislock.ParseLayout(cfg.LockLayout)
+	if err != nil {
+		return nil, fmt.Errorf("COORDINATOR_LOCK_LAYOUT: %w", err)
+	}
 	client := redis.NewUniversalClient(opts)
 	l, err := redislock.New(client, redislock.Config{
 		Prefix: cfg.LockKeyPrefix, Owner: cfg.ReplicaID, WaitTime: lockerWait(cfg.LockWaitTime),
 		WatchdogTimeout: cfg.LockWatchdogTimeout, Logger: log, Metrics: metrics,
 		WaitReplicas: cfg.LockWaitReplicas, ReplicaTimeout: cfg.LockWaitReplicasTimeout,
+		Layout: layout,
 	})
 	if err != nil {
 		_ = client.Close()

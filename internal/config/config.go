@@ -46,6 +46,11 @@ type Config struct {
 	LockRedisMode string
 	// LockKeyPrefix prefixes every Redis key. Default "coordinator".
 	LockKeyPrefix string
+	// LockLayout is how locks are laid out in Redis: "coordinator" (the
+	// default) or "redisson" (the lock of key K is Redisson's RLock named
+	// K; docs/lock.md "Mixed fleets with Redisson"). The wiring maps it
+	// onto the Redis adapter's option.
+	LockLayout string
 	// LockWaitTime bounds how long Acquire blocks. Default 5s.
 	LockWaitTime time.Duration
 	// LockWatchdogTimeout is the TTL of watchdog-managed leases. Default 30s.
@@ -260,6 +265,11 @@ func settings() []setting {
 			apply: func(c *Config, v string) error { c.LockRedisMode = v; return oneOf(v, "single", "sentinel", "cluster") }},
 		{env: "COORDINATOR_LOCK_KEY_PREFIX", flag: "lock-key-prefix", usage: "prefix of every Redis key", def: lit("coordinator"),
 			apply: func(c *Config, v string) error { c.LockKeyPrefix = v; return checkPrefix(v) }},
+		{env: "COORDINATOR_LOCK_LAYOUT", flag: "lock-layout", usage: "coordinator, or redisson: a key's lock is Redisson's RLock of the same name (mixed fleets)", def: lit("coordinator"),
+			apply: func(c *Config, v string) error {
+				c.LockLayout = v
+				return oneOf(v, LockLayoutCoordinator, LockLayoutRedisson)
+			}},
 		{env: "COORDINATOR_LOCK_WAIT_TIME", flag: "lock-wait-time", usage: "max time to block acquiring", def: lit("5s"),
 			apply: func(c *Config, v string) (err error) { c.LockWaitTime, err = duration(v, 0); return err }},
 		{env: "COORDINATOR_LOCK_WATCHDOG_TIMEOUT", flag: "lock-watchdog-timeout", usage: "TTL of watchdog-managed leases", def: lit("30s"),
@@ -503,8 +513,14 @@ var flagTypes = map[string]string{
 	"admin-tokens-file": "path", "max-runs-in-flight": "int", "health-check-interval": "duration",
 	"kafka-sasl-password": "password", "kafka-max-decompressed-batch-bytes": "bytes",
 	"cron-catchup-window": "duration", "cron-jitter": "duration", "kafka-session-timeout": "duration",
-	"resume-interval": "duration", "resume-max-attempts": "int",
+	"resume-interval": "duration", "resume-max-attempts": "int", "lock-layout": "layout",
 }
+
+// The values of COORDINATOR_LOCK_LAYOUT.
+const (
+	LockLayoutCoordinator = "coordinator"
+	LockLayoutRedisson    = "redisson"
+)
 
 // flagValue keeps a flag's raw text: Config parses it with the variable's
 // own rules, so that a bad flag value is reported like a bad variable.

@@ -42,6 +42,17 @@ func TestDefaults(t *testing.T) {
 	require.Equal(t, 8<<20, c.KafkaMaxDecompressedBatchBytes)
 	require.Equal(t, 6*time.Hour, c.CronCatchUpWindow)
 	require.Zero(t, c.CronJitter)
+	require.Equal(t, "coordinator", c.LockLayout)
+}
+
+func TestLockLayout(t *testing.T) {
+	t.Parallel()
+	c, _, err := config.Load("serve", nil, env(map[string]string{"COORDINATOR_LOCK_LAYOUT": "redisson"}))
+	require.NoError(t, err)
+	require.Equal(t, config.LockLayoutRedisson, c.LockLayout)
+	c, _, err = config.Load("lock", []string{"--lock-layout=redisson"}, env(nil))
+	require.NoError(t, err)
+	require.Equal(t, config.LockLayoutRedisson, c.LockLayout)
 }
 
 func TestWaitReplicas(t *testing.T) {
@@ -81,6 +92,7 @@ func TestInvalidValuesNameTheVariable(t *testing.T) {
 		{"COORDINATOR_LOCK_REDIS_WAIT_REPLICAS", "0"},
 		{"COORDINATOR_LOCK_REDIS_WAIT_TIMEOUT", "5s"},
 		{"COORDINATOR_LOCK_KEY_PREFIX", "a{b}"},
+		{"COORDINATOR_LOCK_LAYOUT", "Redisson"},
 		{"COORDINATOR_KAFKA_BROKERS", "nohostport"},
 		{"COORDINATOR_KAFKA_CREATE_TOPICS", "yes please"},
 		{"COORDINATOR_HTTP_ADDR", "8080"},

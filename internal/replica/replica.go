@@ -586,6 +586,7 @@ func (r *Replica) logStarted() {
 		"events_topic", r.names.Events,
 		"lock_mode", lockMode,
 		"lock_key_prefix", cfg.LockKeyPrefix,
+		"lock_layout", cfg.LockLayout,
 		"lock_watchdog_timeout", cfg.LockWatchdogTimeout,
 		"schedules", strings.Join(schedules, "; "),
 		"admin_api", len(cfg.AdminTokenSet()) > 0,

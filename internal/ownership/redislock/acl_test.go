@@ -33,6 +33,8 @@ var clientCommands = []string{
 	"evalsha", "eval", // the scripts (EVAL after NOSCRIPT)
 	"subscribe", "unsubscribe", // each Locker's wake channel
 	"scan", "hmget", "pttl", // Locks (coordinator locks, GET /v1/locks)
+	"hgetall",                    // Locks in the redisson layout
+	"ssubscribe", "sunsubscribe", // Redisson's sharded unlock channel (redisson layout, cluster)
 	"info", "wait", // eviction policy and replicas at start; WAIT after acquire and renew
 }
 

@@ -28,10 +28,16 @@ func TestMain(m *testing.M) {
 // closed when the test ends.
 func newLocker(t testing.TB, url, mode, prefix string, o ownershiptest.Options) *redislock.Locker {
 	t.Helper()
+	return newLayoutLocker(t, url, mode, prefix, redislock.LayoutCoordinator, o)
+}
+
+// newLayoutLocker is newLocker in the given layout.
+func newLayoutLocker(t testing.TB, url, mode, prefix string, layout redislock.Layout, o ownershiptest.Options) *redislock.Locker {
+	t.Helper()
 	client, err := redislock.NewClient(url, mode)
 	require.NoError(t, err)
 	l, err := redislock.New(client, redislock.Config{
-		Prefix: prefix, Owner: o.Owner, WaitTime: o.WaitTime, WatchdogTimeout: o.WatchdogTimeout, Metrics: o.Metrics,
+		Prefix: prefix, Owner: o.Owner, WaitTime: o.WaitTime, WatchdogTimeout: o.WatchdogTimeout, Metrics: o.Metrics, Layout: layout,
 		// Where there is a replica (Sentinel), a busy machine's may take
 		// longer than the default 200ms to acknowledge.
 		ReplicaTimeout: 1500 * time.Millisecond,
@@ -55,16 +61,24 @@ func closedAddr(t testing.TB) string {
 }
 
 func backend(url, mode, prefix string, admin redis.UniversalClient) ownershiptest.Backend {
+	return layoutBackend(url, mode, prefix, redislock.LayoutCoordinator, admin)
+}
+
+func layoutBackend(url, mode, prefix string, layout redislock.Layout, admin redis.UniversalClient) ownershiptest.Backend {
 	return ownershiptest.Backend{
 		Shared: true,
 		New: func(t *testing.T, o ownershiptest.Options) ownership.Locker {
-			return newLocker(t, url, mode, prefix, o)
+			return newLayoutLocker(t, url, mode, prefix, layout, o)
 		},
 		DeleteLock: func(t *testing.T, _ ownership.Locker, key string) {
-			require.NoError(t, admin.Del(context.Background(), prefix+":{"+key+"}:lock").Err())
+			lockKey := prefix + ":{" + key + "}:lock"
+			if layout == redislock.LayoutRedisson {
+				lockKey = key
+			}
+			require.NoError(t, admin.Del(context.Background(), lockKey).Err())
 		},
 		NewUnreachable: func(t *testing.T, o ownershiptest.Options) ownership.Locker {
-			return newLocker(t, "redis://"+closedAddr(t), "single", prefix, o)
+			return newLayoutLocker(t, "redis://"+closedAddr(t), "single", prefix, layout, o)
 		},
 	}
 }
@@ -122,4 +136,17 @@ func TestConformanceGlobPrefix(t *testing.T) {
 		}
 	})
 	ownershiptest.Run(t, backend(env.URL, redislock.ModeSingle, prefix, env.Client))
+}
+
+// The redisson layout keeps every promise of the suite.
+func TestConformanceRedissonLayoutSingle(t *testing.T) {
+	t.Parallel()
+	env := testenv.Redis(t)
+	ownershiptest.Run(t, layoutBackend(env.URL, redislock.ModeSingle, env.Prefix, redislock.LayoutRedisson, env.Client))
+}
+
+func TestConformanceRedissonLayoutCluster(t *testing.T) {
+	t.Parallel()
+	url, prefix, admin := clusterEnv(t)
+	ownershiptest.Run(t, layoutBackend(url, redislock.ModeCluster, prefix, redislock.LayoutRedisson, admin))
 }

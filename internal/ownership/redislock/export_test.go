@@ -3,6 +3,7 @@ package redislock
 import (
 	"context"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -14,6 +15,10 @@ var scriptNames = map[*redis.Script]string{
 	leaveScript:   "leave",
 	renewScript:   "renew",
 	lockTTLScript: "ttl",
+
+	acquireRedissonScript: "acquire",
+	releaseRedissonScript: "release",
+	leaveRedissonScript:   "leave",
 }
 
 // ScriptName names the lock script cmd runs ("acquire", "holds" (reentry,
@@ -55,3 +60,8 @@ func LoadScripts(ctx context.Context, c redis.Scripter) error {
 // WakeLocal wakes the head waiter of key in l, as the end of one of l's
 // own terms on key does.
 func WakeLocal(l *Locker, key string) { l.wakeLocal(key) }
+
+// SetPoll sets how long l's waiting heads sleep before they ask Redis again
+// when no wake-up comes (ticketRefresh): a test that lengthens it shows that
+// a wake-up, not the poll, ended a wait.
+func SetPoll(l *Locker, d time.Duration) { l.poll = d }

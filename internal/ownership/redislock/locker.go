@@ -1,7 +1,9 @@
 // Package redislock is the Redis adapter of the ownership port: ADR-024's
 // (docs/adr/024-distributed-lock-strategy.md) DistributedLock on go-redis v9 (single, sentinel or cluster). See the
 // ownership package documentation for the semantics and docs/lock.md for
-// what the lock promises; scripts.go says how Redis stores it.
+// what the lock promises; scripts.go says how Redis stores it. Config.Layout
+// chooses that layout or the redisson one (layout.go, scripts_redisson.go,
+// redisson_wake.go), in which the lock of key K is Redisson's RLock named K.
 package redislock
 
 import (
@@ -46,6 +48,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics receives the coordinator_lock_* series. Default none.
 	Metrics *ownership.Metrics
+	// Layout is how locks are laid out in Redis: LayoutCoordinator (the
+	// default) or LayoutRedisson (the lock of key K is Redisson's RLock
+	// named K; docs/lock.md "Mixed fleets with Redisson").
+	Layout Layout
 }
 
 // WaitReplicas values besides a count.
@@ -59,6 +65,7 @@ func (c *Config) defaults() {
 	c.WaitTime = cmp.Or(c.WaitTime, 5*time.Second)
 	c.WatchdogTimeout = cmp.Or(c.WatchdogTimeout, 30*time.Second)
 	c.ReplicaTimeout = cmp.Or(c.ReplicaTimeout, 200*time.Millisecond)
+	c.Layout = cmp.Or(c.Layout, LayoutCoordinator)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -78,6 +85,11 @@ func (c Config) validate() error {
 		return fmt.Errorf("redislock: Config.WaitReplicas %d: must be -1 (none), 0 (auto) or a count", c.WaitReplicas)
 	case c.ReplicaTimeout < 0 || c.ReplicaTimeout >= DefaultReadTimeout:
 		return fmt.Errorf("redislock: Config.ReplicaTimeout %s: must be positive and below the read timeout %s", c.ReplicaTimeout, DefaultReadTimeout)
+	case c.Layout != LayoutCoordinator && c.Layout != LayoutRedisson:
+		return fmt.Errorf("redislock: Config.Layout %q: must be %q or %q", c.Layout, LayoutCoordinator, LayoutRedisson)
+	case c.Layout == LayoutRedisson && strings.HasPrefix(c.Owner, RedissonOwnerPrefix):
+		// The owner a waiter sees tells a Redisson holder from a replica.
+		return fmt.Errorf("redislock: Config.Owner %q: must not start with %q in the redisson layout", c.Owner, RedissonOwnerPrefix)
 	}
 	return nil
 }
@@ -86,10 +98,11 @@ func (c Config) validate() error {
 // intended use: it keeps one pub/sub subscription for all waiters and one
 // renewal goroutine for all watchdog leases.
 type Locker struct {
-	client redis.UniversalClient
-	cfg    Config
-	log    *slog.Logger
-	m      *ownership.Metrics
+	client  redis.UniversalClient
+	cluster bool // client is a *redis.ClusterClient
+	cfg     Config
+	log     *slog.Logger
+	m       *ownership.Metrics
 
 	// id names this Locker in the wait queues and in its wake channel; every
 	// token starts with it.
@@ -116,7 +129,14 @@ type Locker struct {
 
 	srv serverState
 
-	pubsub    *redis.PubSub
+	pubsub *redis.PubSub
+	// rsubs: the Redisson unlock channels this Locker listens on while it
+	// waits for their keys (redisson layout; redisson_wake.go).
+	rmu   sync.Mutex
+	rsubs map[string]*rsub
+	// poll bounds how long a waiting head sleeps before it asks Redis again
+	// (ticketRefresh; tests lengthen it to show a wake-up arrived).
+	poll      time.Duration
 	runCtx    context.Context // cancelled by Close
 	cancelRun context.CancelFunc
 	stop      chan struct{}
@@ -159,7 +179,10 @@ func New(client redis.UniversalClient, cfg Config) (*Locker, error) {
 		queues: map[string]*queue{},
 		round:  make(chan struct{}, 1),
 		stop:   make(chan struct{}),
+		rsubs:  map[string]*rsub{},
+		poll:   ticketRefresh,
 	}
+	_, l.cluster = client.(*redis.ClusterClient)
 	l.runCtx, l.cancelRun = context.WithCancel(context.Background())
 	runCtx := l.runCtx
 	l.pubsub = client.Subscribe(runCtx)
@@ -174,20 +197,6 @@ func New(client redis.UniversalClient, cfg Config) (*Locker, error) {
 
 // Owner returns the replica id.
 func (l *Locker) Owner() string { return l.cfg.Owner }
-
-func (l *Locker) tag(key string) string      { return l.cfg.Prefix + ":{" + key + "}" }
-func (l *Locker) lockKey(key string) string  { return l.tag(key) + ":lock" }
-func (l *Locker) fenceKey(key string) string { return l.tag(key) + ":fence" }
-func (l *Locker) queueKeys(key string) (queue, tickets string) {
-	return l.tag(key) + ":queue", l.tag(key) + ":tickets"
-}
-func (l *Locker) endedKey(key string, fence int64) string {
-	if fence == 0 {
-		return l.tag(key) + ":ended:"
-	}
-	return l.tag(key) + ":ended:" + strconv.FormatInt(fence, 10)
-}
-func (l *Locker) wakeChannel() string { return l.cfg.Prefix + ":wake:" + l.id }
 
 // Timing of the hand-off between waiting Lockers.
 const (
@@ -210,21 +219,6 @@ const (
 	// cleanupTimeout bounds a best-effort delete by token.
 	cleanupTimeout = 2*DefaultReadTimeout + time.Second
 )
-
-// keyOf is the inverse of tag: the key between the prefix's "{" and the
-// last "}".
-func (l *Locker) keyOf(name string) (string, bool) {
-	p := l.cfg.Prefix + ":{"
-	if !strings.HasPrefix(name, p) {
-		return "", false
-	}
-	rest := name[len(p):]
-	i := strings.LastIndexByte(rest, '}')
-	if i <= 0 {
-		return "", false
-	}
-	return rest[:i], true
-}
 
 var errClosed = errors.New("redislock: locker closed")
 
@@ -276,6 +270,7 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 	defer l.dequeue(key, w, q)
 	owner := ""
 	answered := false // Redis has said at least once that the lock is held
+	watching := false
 	for {
 		if w.attempt(&l.wmu) {
 			if cerr := ctx.Err(); cerr != nil && answered {
@@ -307,7 +302,15 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 				owner = res.owner
 				q.seen(&l.wmu, owner)
 			}
-			w.fallback = min(time.Duration(res.pttl)*time.Millisecond, ticketRefresh)
+			w.fallback = min(time.Duration(res.pttl)*time.Millisecond, l.poll)
+			if !watching {
+				// A holder's release may come from a Redisson client: listen
+				// to its unlock channel from now on (redisson layout).
+				watching = true
+				if stop := l.watchRedisson(key); stop != nil {
+					defer stop()
+				}
+			}
 			switch {
 			case res.pttl < 0: // no TTL (never set by us) or just vanished
 				w.fallback = time.Millisecond
@@ -364,7 +367,11 @@ func (l *Locker) runAcquire(ctx context.Context, deadline time.Time, key, token 
 	if queued {
 		t = "+" + t
 	}
-	cmd, acked, err := l.evalAcked(callCtx, acquireScript, keys, token, l.cfg.Owner, ttlMS, t)
+	script := acquireScript
+	if l.cfg.Layout == LayoutRedisson {
+		script = acquireRedissonScript
+	}
+	cmd, acked, err := l.evalAcked(callCtx, script, keys, token, l.cfg.Owner, ttlMS, t)
 	if err != nil {
 		return acquireResult{}, err
 	}
@@ -612,8 +619,14 @@ func (l *Locker) runRelease(ctx context.Context, key, token string, fence int64)
 	if fence != 0 {
 		f = strconv.FormatInt(fence, 10)
 	}
-	res, err := releaseScript.Run(ctx, l.client, []string{l.lockKey(key), queue, tickets, l.endedKey(key, fence)},
-		token, f).Result()
+	keys := []string{l.lockKey(key), queue, tickets, l.endedKey(key, fence)}
+	var res any
+	if l.cfg.Layout == LayoutRedisson {
+		res, err = releaseRedissonScript.Run(ctx, l.client, append(keys, redissonChannel(key)),
+			token, f, l.wakePrefix(), l.shardedArg()).Result()
+	} else {
+		res, err = releaseScript.Run(ctx, l.client, keys, token, f).Result()
+	}
 	if err != nil {
 		return false, err
 	}
@@ -644,12 +657,12 @@ func (l *Locker) cleanup(key, token string, delay time.Duration) {
 }
 
 // background runs fn in a goroutine Close waits for; after Close, fn is
-// dropped (all of it is best effort).
-func (l *Locker) background(fn func()) {
+// dropped (all of it is best effort) and background reports false.
+func (l *Locker) background(fn func()) bool {
 	l.mu.Lock()
 	if l.bgClosed {
 		l.mu.Unlock()
-		return
+		return false
 	}
 	l.wg.Add(1)
 	l.mu.Unlock()
@@ -657,6 +670,7 @@ func (l *Locker) background(fn func()) {
 		defer l.wg.Done()
 		fn()
 	}()
+	return true
 }
 
 // Close loses every lease still held (their Done closes; the locks in Redis
@@ -684,6 +698,7 @@ func (l *Locker) Close() error {
 	l.mu.Lock()
 	l.bgClosed = true
 	l.mu.Unlock()
+	l.closeRedissonSubs()
 	l.wg.Wait()
 	return nil
 }

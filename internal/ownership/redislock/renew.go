@@ -266,6 +266,8 @@ func (l *Locker) listen(ctx context.Context) {
 		backoff = 50 * time.Millisecond
 		if m, ok := msg.(*redis.Message); ok && m.Channel == l.wakeChannel() {
 			l.wakeChosen(m.Payload)
+			continue
 		}
+		l.redissonMessage(msg)
 	}
 }
