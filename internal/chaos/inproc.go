@@ -133,7 +133,7 @@ func (iw *inprocWorker) current() (InprocSection, bool) {
 
 // loop acquires, writes and releases until ctx ends, with parameters drawn
 // from the seed: the watchdog or an explicit lease of 1.5-3 s, 1-3 fenced
-// writes 5-60 ms apart, or (one in seven) 5-20 writes 100-400 ms apart.
+// writes 5-60 ms apart, or (one in 25) 5-12 writes 100-250 ms apart.
 func (iw *inprocWorker) loop(ctx context.Context) {
 	r := iw.r
 	rng := rand.New(rand.NewPCG(r.cfg.Seed, 0x1b0c+uint64(iw.idx)))
@@ -144,10 +144,10 @@ func (iw *inprocWorker) loop(ctx context.Context) {
 		}
 		writes := 1 + rng.IntN(3)
 		gap := between(rng, 5*time.Millisecond, 60*time.Millisecond)
-		if rng.IntN(100) < 15 {
-			// A long holder (0.5-8 s): an explicit lease ends in the middle
-			// of it, and a partition meets it holding.
-			writes, gap = 5+rng.IntN(16), between(rng, 100*time.Millisecond, 400*time.Millisecond)
+		if rng.IntN(100) < 4 {
+			// A long holder (0.5-3 s): an explicit lease may end in the
+			// middle of it, and a partition may meet it holding.
+			writes, gap = 5+rng.IntN(8), between(rng, 100*time.Millisecond, 250*time.Millisecond)
 		}
 		rest := between(rng, 0, 60*time.Millisecond)
 		call := Mono()
