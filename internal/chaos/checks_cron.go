@@ -22,6 +22,9 @@ type cronAttempt struct {
 	Outcome   string
 	Deferred  bool
 	CatchUp   time.Time // the tick a catch-up attempt catches up
+	// Covering: an earlier tick's attempt still running on a replica that
+	// skipped this tick because of it; it answers for this tick too.
+	Covering bool
 }
 
 func (a cronAttempt) String() string {
@@ -29,6 +32,9 @@ func (a cronAttempt) String() string {
 		return a.Replica + " (no end logged)"
 	}
 	s := a.Replica + " " + a.Outcome
+	if a.Covering {
+		s = a.Replica + " (skipped it: an earlier tick's attempt ran on) " + a.Outcome
+	}
 	if a.Deferred {
 		s += " (recorded)"
 	}
@@ -71,9 +77,11 @@ type tickVerdict struct {
 	// (deferred to the resumer), superseded (every attempt failed, but one
 	// went on trying into the second half of the interval, when the next
 	// tick takes the same period over), in_flight (an attempt logged no
-	// end: its replica died or was stopped during it), skipped (every
-	// replica still ran an earlier tick), unobserved (no replica logged
-	// anything of it), dropped.
+	// end: its replica died or was stopped during it), skipped (replicas
+	// skipped it for an earlier tick's attempt the verifier did not see),
+	// unobserved (no replica logged anything of it), dropped. A replica
+	// that skipped the tick answers for it with the earlier tick's attempt
+	// it skipped it for: that attempt is one of the tick's.
 	how string
 }
 
@@ -88,7 +96,8 @@ func (h *History) cronVerdicts() []tickVerdict {
 	ticks := slices.Clone(h.CronTicks)
 	slices.SortFunc(ticks, func(a, b CronTick) int { return a.At.Compare(b.At) })
 	byTick := make([][]cronAttempt, len(ticks))
-	for _, a := range h.cronAttempts() {
+	attempts := h.cronAttempts()
+	for _, a := range attempts {
 		i := -1
 		if !a.CatchUp.IsZero() {
 			for j, t := range ticks {
@@ -107,14 +116,29 @@ func (h *History) cronVerdicts() []tickVerdict {
 			byTick[i] = append(byTick[i], a)
 		}
 	}
+	// A replica that skipped a tick because its previous tick still ran
+	// answers for it with that attempt: it is one of the tick's attempts.
 	skipped := map[int]bool{}
 	for _, l := range h.CronLines {
 		if l.Msg != "cron_tick_skipped" {
 			continue
 		}
 		for j, t := range ticks {
-			if d := l.Scheduled.Sub(t.At); d > -time.Second && d < time.Second {
-				skipped[j] = true
+			if d := l.Scheduled.Sub(t.At); d <= -time.Second || d >= time.Second {
+				continue
+			}
+			skipped[j] = true
+			var cover *cronAttempt
+			for i, a := range attempts {
+				if a.Replica == l.Replica && a.Start.Before(t.At) && (a.End.IsZero() || !a.End.Before(t.At)) &&
+					(cover == nil || a.Start.After(cover.Start)) {
+					cover = &attempts[i]
+				}
+			}
+			if cover != nil {
+				c := *cover
+				c.Covering = true
+				byTick[j] = append(byTick[j], c)
 			}
 		}
 	}

@@ -23,7 +23,7 @@ func TestCheckCronTicks(t *testing.T) {
 		return ls
 	}
 	var ticks []CronTick
-	for i := 0; i < 8; i++ {
+	for i := 0; i < 10; i++ {
 		ticks = append(ticks, CronTick{At: at(i, 0), Period: "2026-11", Live: []string{"r1-1", "r2-1"}})
 	}
 	var lines []CronLine
@@ -48,6 +48,11 @@ func TestCheckCronTicks(t *testing.T) {
 	// Tick 6: nothing logged. Tick 7: caught up by a restarted replica later.
 	lines = append(lines, CronLine{Replica: "r3-2", Msg: "cron_catchup_tick", RequestID: "c7", Time: at(9, 0), Scheduled: at(7, 0)},
 		CronLine{Replica: "r3-2", Msg: "trigger_dispatched", RequestID: "c7", Time: at(9, time.Second), Outcome: "already_completed"})
+	// Tick 8's run outlasts tick 9: r2-1 skips tick 9 for it, r1-1 finds
+	// the lock held and cannot record; tick 9 is answered by the run.
+	add(attempt("r2-1", "b8", 8, 5*ms, 12*time.Second, "completed", false),
+		attempt("r1-1", "a9", 9, 5*ms, time.Second, "already_owned", false))
+	lines = append(lines, CronLine{Replica: "r2-1", Msg: "cron_tick_skipped", Time: at(9, ms), Scheduled: at(9, 0)})
 	h := &History{WallStart: t0, CronEvery: 10 * time.Second, CronTicks: ticks, CronLines: lines}
 
 	got := checkCronTicks(h)
@@ -58,7 +63,24 @@ func TestCheckCronTicks(t *testing.T) {
 	for i, v := range h.cronVerdicts() {
 		how[i] = v.how
 	}
-	require.Equal(t, map[int]string{0: "ran", 1: "dropped", 2: "superseded", 3: "recorded", 4: "in_flight", 5: "skipped", 6: "unobserved", 7: "ran"}, how)
+	require.Equal(t, map[int]string{0: "ran", 1: "dropped", 2: "superseded", 3: "recorded", 4: "in_flight", 5: "skipped", 6: "unobserved", 7: "ran",
+		8: "ran", 9: "ran"}, how)
+
+	// Had tick 8's run failed unrecorded 2 s into tick 9, tick 9 would be
+	// dropped (tick 8 went on past the middle of its interval: superseded).
+	for i, l := range h.CronLines {
+		if l.RequestID == "b8" && l.Msg == "trigger_dispatched" {
+			h.CronLines[i].Outcome = "failed"
+		}
+	}
+	got = checkCronTicks(h)
+	requireKinds(t, got, KindCronTickDropped, KindCronTickDropped)
+	require.Contains(t, got[1].Detail, "r2-1 (skipped it: an earlier tick's attempt ran on) failed")
+	for i, l := range h.CronLines {
+		if l.RequestID == "b8" && l.Msg == "trigger_dispatched" {
+			h.CronLines[i].Outcome = "completed"
+		}
+	}
 
 	// The same tick with one attempt that went on trying, or recorded it,
 	// is not dropped.
