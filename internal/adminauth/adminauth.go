@@ -236,3 +236,18 @@ func (s *Set) Authenticate(presented string) (Principal, bool) {
 	}
 	return Principal{Name: s.entries[match].name, Scopes: s.entries[match].scopes}, true
 }
+
+// Scopes returns the scopes of the token named name, if there is one (a
+// console session re-checks its token at every request: a token removed
+// from the configuration ends its sessions at the next restart).
+func (s *Set) Scopes(name string) (Scope, bool) {
+	if s == nil {
+		return 0, false
+	}
+	for _, e := range s.entries {
+		if e.name == name {
+			return e.scopes, true
+		}
+	}
+	return 0, false
+}

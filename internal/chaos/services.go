@@ -472,9 +472,10 @@ log.segment.bytes=67108864
 	}
 	var id [16]byte
 	_, _ = rand.Read(id[:])
-	// A cluster id that starts with '-' reads as an option to kafka-storage
-	// ("argument --cluster-id/-t: expected one argument"): one in 64.
-	id[0] &^= 0xfc // the first base64 character is then A
+	// The top bit is cleared so the id never starts with '-': the storage
+	// tool's argument parser takes "-t -xyz" for a missing value (1 format in 64
+	// failed so).
+	id[0] &= 0x7f
 	clusterID := strings.TrimRight(base64.URLEncoding.EncodeToString(id[:]), "=")
 	format := exec.CommandContext(ctx, java, k.javaArgs("kafka.tools.StorageTool", "format", "-t", clusterID, "-c", k.props, "--ignore-formatted")...)
 	if out, err := format.CombinedOutput(); err != nil {

@@ -164,6 +164,21 @@ type Config struct {
 	// (<job>_progress records). Default 10s, at least 100ms.
 	ProgressInterval time.Duration
 
+	// ConsoleEnabled serves the operator console under /ui/ and keeps its
+	// tables (run history, events index, heartbeats). Default true.
+	ConsoleEnabled bool
+	// ConsoleSessionTTL is how long a console login lasts. Default 8h.
+	ConsoleSessionTTL time.Duration
+	// ConsoleRetention is how long run history and indexed events are
+	// kept. Default 720h (30 days), at least 1h.
+	ConsoleRetention time.Duration
+	// ConsoleHeartbeatInterval is how often a replica writes its heartbeat
+	// row. Default 5s.
+	ConsoleHeartbeatInterval time.Duration
+	// ConsoleMaxStreams bounds the console's event streams per replica.
+	// Default 100.
+	ConsoleMaxStreams int
+
 	// ShutdownTimeout bounds graceful shutdown. Default 30s.
 	ShutdownTimeout time.Duration
 	// LogLevel is debug, info, warn or error. Default info.
@@ -435,6 +450,24 @@ func settings() []setting {
 				c.ProgressInterval, err = duration(v, 100*time.Millisecond)
 				return err
 			}},
+		{env: "COORDINATOR_CONSOLE_ENABLED", flag: "console-enabled", usage: "serve the operator console under /ui/ and keep its tables (run history, events index, heartbeats)", def: lit("true"),
+			apply: func(c *Config, v string) (err error) { c.ConsoleEnabled, err = strconv.ParseBool(v); return err }},
+		{env: "COORDINATOR_CONSOLE_SESSION_TTL", flag: "console-session-ttl", usage: "how long a console login lasts (1m to 168h)", def: lit("8h"),
+			apply: func(c *Config, v string) (err error) {
+				if c.ConsoleSessionTTL, err = duration(v, time.Minute); err == nil && c.ConsoleSessionTTL > 7*24*time.Hour {
+					err = errors.New("at most 168h")
+				}
+				return err
+			}},
+		{env: "COORDINATOR_CONSOLE_RETENTION", flag: "console-retention", usage: "how long the run history and the events index keep rows", def: lit("720h"),
+			apply: func(c *Config, v string) (err error) { c.ConsoleRetention, err = duration(v, time.Hour); return err }},
+		{env: "COORDINATOR_CONSOLE_HEARTBEAT_INTERVAL", flag: "console-heartbeat-interval", usage: "how often a replica writes its heartbeat row (missing after 3)", def: lit("5s"),
+			apply: func(c *Config, v string) (err error) {
+				c.ConsoleHeartbeatInterval, err = duration(v, 100*time.Millisecond)
+				return err
+			}},
+		{env: "COORDINATOR_CONSOLE_MAX_STREAMS", flag: "console-max-streams", usage: "console event streams open at once on a replica (more answer 503)", def: lit("100"),
+			apply: func(c *Config, v string) (err error) { c.ConsoleMaxStreams, err = positiveInt(v, 10000); return err }},
 		{env: "COORDINATOR_SHUTDOWN_TIMEOUT", flag: "shutdown-timeout", usage: "bound on graceful shutdown", def: lit("30s"),
 			apply: func(c *Config, v string) (err error) { c.ShutdownTimeout, err = duration(v, time.Second); return err }},
 		{env: "COORDINATOR_LOG_LEVEL", flag: "log-level", usage: "debug, info, warn or error", def: lit("info"),
@@ -514,6 +547,8 @@ var flagTypes = map[string]string{
 	"kafka-sasl-password": "password", "kafka-max-decompressed-batch-bytes": "bytes",
 	"cron-catchup-window": "duration", "cron-jitter": "duration", "kafka-session-timeout": "duration",
 	"resume-interval": "duration", "resume-max-attempts": "int", "lock-layout": "layout",
+	"console-enabled": "bool", "console-session-ttl": "duration", "console-retention": "duration",
+	"console-heartbeat-interval": "duration", "console-max-streams": "int",
 }
 
 // The values of COORDINATOR_LOCK_LAYOUT.

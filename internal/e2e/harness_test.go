@@ -123,7 +123,7 @@ func newDeploymentOn(t *testing.T, redisURL string, pg *testenv.PG) *deployment 
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 		defer cancel()
-		if _, err := d.adm.DeleteGroups(ctx, d.group); err != nil {
+		if _, err := d.adm.DeleteGroups(ctx, d.group, d.group+"-console"); err != nil {
 			t.Logf("delete group %s: %v", d.group, err)
 		}
 		if _, err := d.adm.DeleteTopics(ctx, d.names.All()...); err != nil {

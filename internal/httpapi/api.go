@@ -99,6 +99,9 @@ type Config struct {
 	Health Health
 	// Metrics serves GET /metrics (promhttp.HandlerFor). Nil: 404.
 	Metrics http.Handler
+	// Console serves /ui/ (internal/console), behind its own login. Nil:
+	// no console.
+	Console http.Handler
 	// MaxBodyBytes bounds a request body. Default 64 KiB.
 	MaxBodyBytes int64
 	// SyncTimeout bounds a synchronous run request (a kind without
@@ -227,6 +230,10 @@ func (a *API) routes() {
 	m.HandleFunc("GET /readyz", a.readyz)
 	if a.cfg.Metrics != nil {
 		m.Handle("GET /metrics", a.cfg.Metrics)
+	}
+	if a.cfg.Console != nil {
+		m.Handle("/ui/", a.cfg.Console)
+		m.Handle("GET /ui", http.RedirectHandler("/ui/", http.StatusMovedPermanently))
 	}
 	m.Handle("GET /v1/locks", a.auth(adminauth.Read, a.getLocks))
 	m.Handle("GET /v1/health", a.auth(adminauth.Read, a.getHealth))

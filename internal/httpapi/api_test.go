@@ -576,7 +576,7 @@ func TestLocks(t *testing.T) {
 	b := setup(t, nil)
 	r := b.do(t, "GET", "/v1/locks", "")
 	require.Equal(t, http.StatusOK, r.code)
-	require.JSONEq(t, `{"locks":[{"key":"billrun:2026-11","owner":"r1","fence":4,"holds":1,"ttl_ns":30000000000}]}`, string(r.body))
+	require.JSONEq(t, `{"locks":[{"key":"billrun:2026-11","owner":"r1","fence":4,"holds":1,"ttl_ns":30000000000,"waiters":0}]}`, string(r.body))
 
 	nb := setup(t, func(c *httpapi.Config) { c.Locks = fakeLocks{err: errors.New("redis down")} })
 	r = nb.do(t, "GET", "/v1/locks", "")
@@ -760,4 +760,32 @@ func TestPostBillRunOpenPeriodIs422(t *testing.T) {
 	require.Equal(t, "2026-12", r.problem.Fields["period"])
 	require.Equal(t, "2027-01-01T00:00:00Z", r.problem.Fields["period_end"])
 	require.Empty(t, b.disp.triggers, "nothing was dispatched")
+}
+
+// The console's action goes through the POST handler itself: the same
+// answers, the principal recorded.
+func TestTriggerAnswersLikeThePost(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	code, ctype, body := b.api.Trigger(ctx, "console-ops", "/v1/billruns", []byte(`{"period":"2026-11"}`))
+	require.Equal(t, http.StatusAccepted, code, string(body))
+	require.Equal(t, "application/json", ctype)
+	require.Contains(t, string(body), `"status":"started"`)
+	tr := b.disp.lastTrigger(t)
+	require.Equal(t, job.SourceHTTP, tr.Source)
+	require.Equal(t, "console-ops", tr.Principal)
+	require.Equal(t, "console-ops", tr.RequestedBy)
+	require.NotEmpty(t, tr.RequestID)
+
+	code, ctype, body = b.api.Trigger(ctx, "console-ops", "/v1/billruns", []byte(`{"period":"2026-02"}`))
+	require.Equal(t, http.StatusConflict, code)
+	require.Equal(t, "application/problem+json", ctype)
+	require.Contains(t, string(body), `"owner":"r2"`)
+	require.Contains(t, string(body), `"reason":"already_owned"`)
+
+	code, _, _ = b.api.Trigger(ctx, "console-ops", "/v1/billruns", []byte(`{"period":"2026-13"}`))
+	require.Equal(t, http.StatusBadRequest, code)
+	code, _, _ = b.api.Trigger(ctx, "console-ops", "/v1/nothing", nil)
+	require.Equal(t, http.StatusNotFound, code)
 }

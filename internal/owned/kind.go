@@ -94,6 +94,9 @@ type Deps struct {
 	// Progress shows runs' progress. Nil: ProgressLog with
 	// Config.ProgressInterval (DefaultProgressInterval when zero).
 	Progress ProgressReporter
+	// History keeps a record of every run that held its lock (the
+	// console's run history). Nil: none kept.
+	History RunHistory
 }
 
 // Worker runs a kind's owned work in one deployment.

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/telco-platform/coordinator/internal/job"
 )
 
 // DefaultProgressInterval is COORDINATOR_PROGRESS_INTERVAL's default.
@@ -22,6 +24,8 @@ type progress struct {
 	committed atomic.Int64 // batches this run committed
 	rows      atomic.Int64 // rows this run committed
 	began     atomic.Int64 // Execute's start, unix nanoseconds; 0 before
+
+	timeline timeline // for the run's history record (RunHistory)
 }
 
 // SetTotal says how many batches the work has in all, those committed by
@@ -36,13 +40,23 @@ func (r *Run) Resumed(batches int64) { r.prog.resumed.Store(max(batches, 0)) }
 
 // Committed records batches (and the rows in them) this run committed.
 func (r *Run) Committed(batches, rows int64) {
-	r.prog.committed.Add(batches)
-	r.prog.rows.Add(rows)
+	done := r.prog.committed.Add(batches)
+	total := r.prog.rows.Add(rows)
+	if began := r.prog.began.Load(); began > 0 {
+		r.prog.timeline.add(ProgressPoint{At: time.Since(time.Unix(0, began)), Batches: r.prog.resumed.Load() + done, Rows: total})
+	}
 }
 
 // Progress is a snapshot of a run's progress.
 type Progress struct {
 	Job, Key string
+	// Replica, Fence, Trigger and Started name the run (Runner.InFlight):
+	// its owner, claim fence, the request that started it, and when its
+	// lock was taken.
+	Replica string
+	Fence   int64
+	Trigger job.Trigger
+	Started time.Time
 	// BatchesCommitted counts every committed batch of the work: earlier
 	// runs' (Resumed) and this run's.
 	BatchesCommitted int64
@@ -68,7 +82,8 @@ func (p Progress) Known() bool { return p.Percent >= 0 }
 // Progress returns the run's progress now.
 func (r *Run) Progress() Progress {
 	pr := &r.prog
-	p := Progress{Job: r.job, Key: r.key, Percent: -1, ETA: -1}
+	p := Progress{Job: r.job, Key: r.key, Replica: r.replica, Fence: r.fence, Trigger: r.trigger, Started: r.acquired,
+		Percent: -1, ETA: -1}
 	mine := pr.committed.Load()
 	p.BatchesCommitted = pr.resumed.Load() + mine
 	p.Rows = pr.rows.Load()

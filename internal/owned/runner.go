@@ -38,6 +38,7 @@ type Runner struct {
 	progress ProgressReporter
 	inFlight inFlight
 	requests *requests // nil: no database, nothing recorded for the resumer
+	history  RunHistory
 }
 
 // NewRunner configures (Configurer) and opens every registered kind with d
@@ -55,7 +56,7 @@ func NewRunner(reg *Registry, d Deps, emit events.Emitter) (*Runner, error) {
 		d.Log = slog.New(slog.DiscardHandler)
 	}
 	r := &Runner{reg: reg, workers: map[string]Worker{}, locker: d.Locker, emit: emit, log: d.Log,
-		replica: d.Config.ReplicaID, progress: d.Progress}
+		replica: d.Config.ReplicaID, progress: d.Progress, history: d.History}
 	if d.Telemetry.Enabled() {
 		r.tracer = d.Telemetry.Tracer(TracerName)
 	}
@@ -92,6 +93,9 @@ func NewRunner(reg *Registry, d Deps, emit events.Emitter) (*Runner, error) {
 	}
 	return r, nil
 }
+
+// InFlight is the progress of the runs this Runner is executing now.
+func (r *Runner) InFlight() []Progress { return r.inFlight.snapshot() }
 
 // Registry is the kinds this Runner runs.
 func (r *Runner) Registry() *Registry { return r.reg }
@@ -468,6 +472,7 @@ func (o *Owned) end(outcome job.Outcome) job.Result {
 	took := time.Since(o.start)
 	o.res.DurationMS = took.Milliseconds()
 	o.r.m.ended(o.run.job, outcome, took)
+	o.recordHistory()
 	if obs, ok := o.worker.(Observer); ok {
 		obs.Observe(o.res)
 	}

@@ -47,6 +47,10 @@ type LockInfo struct {
 	Fence int64         `json:"fence"`
 	Holds int64         `json:"holds"`
 	TTL   time.Duration `json:"ttl_ns"`
+	// Waiters is how many Lockers (replicas) wait in the key's queue for
+	// their turn, as the backend counts them (a waiter that died stays
+	// counted until its ticket lapses, a few seconds).
+	Waiters int64 `json:"waiters"`
 }
 
 // Lease is one held ownership of a key.

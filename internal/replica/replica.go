@@ -135,6 +135,7 @@ type Replica struct {
 	resumer  *owned.Resumer
 	api      *httpapi.API
 	http     *httpapi.Server
+	con      consoleParts
 }
 
 // New returns a replica that has not started. A Kinds registry with a clash
@@ -204,9 +205,14 @@ func (r *Replica) components() []component {
 			}
 		}},
 		{"kafka_admin", r.startTopics, func(context.Context) { r.adm.Close() }},
-		{"kinds", r.startRunner, nil},
+		// Its stop writes the run history buffered (every run has ended).
+		{"kinds", r.startRunner, r.stopHistory},
 		{"health", r.startHealth, func(context.Context) { r.health.Stop() }},
+		// The operator console's tail, events index, heartbeat and janitor
+		// (the /ui/ handler is mounted by http).
+		{"console", r.startConsole, r.stopConsole},
 		{"http", r.startHTTP, func(context.Context) {
+			r.closeStreams()
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			if err := r.http.Stop(ctx); err != nil {
@@ -297,6 +303,8 @@ func (r *Replica) Stop() {
 	r.started = nil
 	r.pool, r.locker, r.sink, r.adm, r.runner, r.disp, r.consumer, r.cron, r.api, r.http, r.health = nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil
 	r.resumer = nil
+	r.con.api.Store(nil)
+	r.con.metrics, r.con.history, r.con.tail, r.con.indexer, r.con.heartbeat, r.con.janitor, r.con.handler = nil, nil, nil, nil, nil, nil, nil
 }
 
 // startPostgres opens the pool: batch workers, planners, reaper workers,
@@ -451,7 +459,7 @@ func (r *Replica) startTopics(ctx context.Context) error {
 // dispatcher. A kind's bad configuration is exit 64.
 func (r *Replica) startRunner(context.Context) error {
 	runner, err := owned.NewRunner(r.rc.Kinds, owned.Deps{Config: r.cfg, DB: r.pool, Locker: r.locker, Log: r.log,
-		Registerer: r.reg, Telemetry: r.rc.Telemetry}, r.emit)
+		Registerer: r.reg, Telemetry: r.rc.Telemetry, History: r.runHistory()}, r.emit)
 	if err != nil {
 		return failed(job.ExitUsage, err)
 	}
@@ -481,18 +489,23 @@ func (r *Replica) startHTTP(ctx context.Context) error {
 	if in, ok := r.locker.(ownership.Inspector); ok {
 		inspector = in
 	}
-	api, err := httpapi.New(httpapi.Config{
+	acfg := httpapi.Config{
 		Replica: r.cfg.ReplicaID, Tokens: r.cfg.AdminTokenSet(), Kinds: r.rc.Kinds, Dispatcher: r.disp,
 		Locks: inspector, Health: r.health,
 		Metrics: promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg}),
 		Log:     r.log, Registerer: r.reg,
-	})
+	}
+	if r.con.handler != nil {
+		acfg.Console = r.con.handler
+	}
+	api, err := httpapi.New(acfg)
 	if err != nil {
 		return err
 	}
 	// Not ready until the last component (admission) started.
 	api.SetNotReady(httpapi.ConditionStarting, "the replica is starting")
 	r.api = api
+	r.con.api.Store(api)
 	srv := httpapi.NewServer(r.cfg.HTTPAddr, r.rc.Telemetry.HTTPHandler(api), r.log)
 	if err := srv.Start(ctx); err != nil {
 		return failed(job.ExitUnavailable, err)

@@ -50,3 +50,14 @@ func RemoveBinaries() {
 		_ = os.RemoveAll(binDir)
 	}
 }
+
+// EnvChromium names the Chromium binary of the browser tests (scripts/services
+// install chromium; `scripts/services env` exports it).
+const EnvChromium = "COORDINATOR_TEST_CHROMIUM_BIN"
+
+// Chromium returns the headless browser the console's tests drive; it
+// fails the test (never skips it) when none is installed.
+func Chromium(t testing.TB) string {
+	t.Helper()
+	return Binary(t, EnvChromium, "/usr/bin/chromium")
+}

@@ -28,9 +28,14 @@ func (l *Locker) Locks(ctx context.Context) ([]ownership.LockInfo, error) {
 	pipe := l.client.Pipeline()
 	hm := make([]*redis.SliceCmd, len(names))
 	pt := make([]*redis.DurationCmd, len(names))
+	wq := make([]*redis.IntCmd, len(names))
 	for i, n := range names {
 		hm[i] = pipe.HMGet(ctx, n, "replica", "fence", "holds")
 		pt[i] = pipe.PTTL(ctx, n)
+		if key, ok := l.keyOf(n); ok {
+			queue, _ := l.queueKeys(key)
+			wq[i] = pipe.ZCard(ctx, queue)
+		}
 	}
 	if len(names) > 0 {
 		if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
@@ -50,6 +55,9 @@ func (l *Locker) Locks(ctx context.Context) ([]ownership.LockInfo, error) {
 		}
 		if d, err := pt[i].Result(); err == nil && d > 0 {
 			info.TTL = d.Round(time.Millisecond)
+		}
+		if wq[i] != nil {
+			info.Waiters = wq[i].Val()
 		}
 		out = append(out, info)
 	}
