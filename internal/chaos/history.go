@@ -108,6 +108,9 @@ type TriggerRecord struct {
 	Replica string
 	// Note says why the trigger was sent ("takeover during pause", "behind poison").
 	Note string
+	// Attempt: 0 for the first, n for the n-th time an HTTP trigger was
+	// sent again (after a 503 or 429, or no answer).
+	Attempt int `json:",omitempty"`
 }
 
 // CronTick is a bill-run cron tick (COORDINATOR_BILLRUN_SCHEDULE): its

@@ -113,6 +113,9 @@ func operations(h *History) map[string]int64 {
 		if t.Accepted {
 			ops["triggers_accepted"]++
 		}
+		if t.Attempt > 0 {
+			ops["triggers_retried"]++
+		}
 		periods[t.Period] = true
 	}
 	ops["cron_ticks"] = int64(len(h.CronTicks))

@@ -138,6 +138,8 @@ type run struct {
 	staleSeen  int64
 
 	workWG sync.WaitGroup // triggers and lock workers
+	// phase ends with the fault phase: no trigger is sent again after it.
+	phase context.Context
 
 	closers []func() error // closed last, at teardown
 }
@@ -449,6 +451,7 @@ func (r *run) exercise(ctx context.Context) error {
 	r.logf("fault phase: %s, %d faults planned (seed %d)", r.cfg.Duration, len(r.plan), r.cfg.Seed)
 	phase, endPhase := context.WithTimeout(ctx, r.cfg.Duration)
 	defer endPhase()
+	r.phase = phase
 	r.workWG.Go(func() { r.triggerLoop(phase) })
 	r.workWG.Go(func() { r.cronTicks(phase) })
 	r.workWG.Go(func() { r.reservationFeeder(phase) })

@@ -180,10 +180,40 @@ func (r *run) newPeriod() string {
 	return p
 }
 
-// trigger sends one bill-run trigger and records it.
+// HTTP triggers are sent again the way the contract tells a client to: a
+// 503 or 429 (every one says "retryable": true) after its Retry-After, and
+// a request that reached no replica (its replica died under it) at once,
+// on another replica, up to maxHTTPRetries times while the fault phase
+// lasts (the recovery phase sends nothing).
+const (
+	maxHTTPRetries    = 6
+	defaultRetryAfter = 5 * time.Second
+	maxRetryAfter     = 10 * time.Second
+)
+
+// trigger sends one bill-run trigger, and an HTTP one again while it is
+// refused with an answer to retry; every attempt is a record of its own.
 func (r *run) trigger(ctx context.Context, src, period, id string, pick int, note, avoid string) {
+	for attempt := 0; ; attempt++ {
+		rec, retryAfter := r.triggerOnce(ctx, src, period, id, pick+attempt, note, avoid)
+		rec.Attempt = attempt
+		r.mu.Lock()
+		r.hist.Triggers = append(r.hist.Triggers, rec)
+		r.mu.Unlock()
+		if src != "http" || rec.Accepted || attempt >= maxHTTPRetries ||
+			(rec.Status != 0 && rec.Status != http.StatusServiceUnavailable && rec.Status != http.StatusTooManyRequests) {
+			return
+		}
+		if r.phase == nil || !pause(r.phase, retryAfter) {
+			return
+		}
+	}
+}
+
+func (r *run) triggerOnce(ctx context.Context, src, period, id string, pick int, note, avoid string) (TriggerRecord, time.Duration) {
 	rec := TriggerRecord{Source: src, Period: period, RequestID: id, AtNS: Mono(), Note: note}
 	body, _ := json.Marshal(billRunRequest{Period: period, RequestID: id, RequestedBy: "chaos"})
+	var retryAfter time.Duration
 	switch src {
 	case "kafka":
 		cctx, cancel := context.WithTimeout(ctx, 25*time.Second)
@@ -194,17 +224,17 @@ func (r *run) trigger(ctx context.Context, src, period, id string, pick int, not
 			rec.Error = err.Error()
 		}
 	case "http":
-		rec.Status, rec.Replica, rec.Error = r.postBillRun(ctx, body, pick, avoid)
+		rec.Status, rec.Replica, rec.Error, retryAfter = r.postBillRun(ctx, body, pick, avoid)
 		rec.Accepted = rec.Status == http.StatusAccepted || rec.Status == http.StatusOK || rec.Status == http.StatusConflict
 	}
-	r.mu.Lock()
-	r.hist.Triggers = append(r.hist.Triggers, rec)
-	r.mu.Unlock()
+	return rec, retryAfter
 }
 
 // postBillRun posts to a live replica (pick chooses among them; avoid names
-// one not to use) and returns the status, the replica and an error text.
-func (r *run) postBillRun(ctx context.Context, body []byte, pick int, avoid string) (int, string, string) {
+// one not to use) and returns the status, the replica, an error text and
+// how long to wait before sending it again (Retry-After; 0 without an
+// answer).
+func (r *run) postBillRun(ctx context.Context, body []byte, pick int, avoid string) (int, string, string, time.Duration) {
 	var live []*replicaInc
 	for _, inc := range r.liveReplicas() {
 		if inc.id != avoid {
@@ -212,7 +242,7 @@ func (r *run) postBillRun(ctx context.Context, body []byte, pick int, avoid stri
 		}
 	}
 	if len(live) == 0 {
-		return 0, "", "no replica running"
+		return 0, "", "no replica running", time.Second
 	}
 	inc := live[pick%len(live)]
 	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
@@ -222,10 +252,14 @@ func (r *run) postBillRun(ctx context.Context, body []byte, pick int, avoid stri
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := (&http.Client{Transport: &http.Transport{DisableKeepAlives: true}}).Do(req)
 	if err != nil {
-		return 0, inc.id, err.Error()
+		return 0, inc.id, err.Error(), 0
 	}
 	resp.Body.Close()
-	return resp.StatusCode, inc.id, ""
+	retryAfter := defaultRetryAfter
+	if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && secs >= 0 {
+		retryAfter = min(time.Duration(secs)*time.Second, maxRetryAfter)
+	}
+	return resp.StatusCode, inc.id, "", retryAfter
 }
 
 // ------------------------------------------------------------ lock workers
