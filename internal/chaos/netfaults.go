@@ -41,7 +41,7 @@ func (r *run) injectNet(ctx context.Context, i int, f FaultSpec, rec *FaultRecor
 	if iw := r.inprocByHost(host); iw != nil {
 		if s, ok := iw.current(); ok {
 			rec.Holder = s.Holder
-			who += fmt.Sprintf(", holding %s with fence %d as %s", s.Key, s.Fence, s.Holder)
+			who = strings.TrimPrefix(who+fmt.Sprintf(", holding %s with fence %d as %s", s.Key, s.Fence, s.Holder), ", ")
 		}
 	}
 	ts, what, reset := netToxics(f)
