@@ -290,7 +290,8 @@ func TestAlertRulesUseRealMetricsAndHaveRunbookEntries(t *testing.T) {
 	}
 	// The alerts the issue and ADR-024's Consequences (docs/adr/024-distributed-lock-strategy.md) ask for.
 	for _, want := range []string{"CoordinatorLockBackendUnavailable", "CoordinatorLeasesLost", "CoordinatorBillRunFailed",
-		"CoordinatorTriggerDLQGrowing", "CoordinatorEventsDropped", "CoordinatorTriggerRetrying"} {
+		"CoordinatorTriggerDLQGrowing", "CoordinatorEventsDropped", "CoordinatorTriggerRetrying",
+		"CoordinatorConsoleLoginFailures"} {
 		require.Contains(t, alerts, want)
 	}
 	d, err := time.ParseDuration(alerts["CoordinatorLockBackendUnavailable"])

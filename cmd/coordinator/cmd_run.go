@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -153,7 +154,12 @@ func runRun(ctx context.Context, cio cliIO, args []string) int {
 	}
 	defer pool.Close()
 	locker, err := openLocker(ctx, cfg, log, nil)
-	if err != nil {
+	var cfgErr *config.Error
+	switch {
+	case errors.As(err, &cfgErr): // a Redis that may evict lock keys
+		fmt.Fprintf(cio.stderr, "coordinator %s: %v\n", name, err)
+		return job.ExitUsage
+	case err != nil:
 		log.Error("run_lock_backend_unavailable", "error", err)
 		return failed(job.OutcomeUnavailable, err)
 	}

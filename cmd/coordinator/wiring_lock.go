@@ -14,6 +14,7 @@ import (
 	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/ownership"
 	"github.com/telco-platform/coordinator/internal/ownership/redislock"
+	"github.com/telco-platform/coordinator/internal/redact"
 )
 
 // openLocker builds the process's one Locker from the configuration:
@@ -22,9 +23,18 @@ import (
 // loudly logged). Closing the Locker also closes its Redis client. The
 // returned Locker is also an ownership.Inspector; the Redis one has
 // Ping(ctx) error for readiness. A Redis whose eviction policy can evict
-// lock keys is refused (an evicted lock lets a second holder in); one that
+// lock keys is refused with a *config.Error naming
+// COORDINATOR_LOCK_REDIS_URL (an evicted lock lets a second holder in); one that
 // does not answer yet only logs, and acquisitions fail closed until it does.
 func openLocker(ctx context.Context, cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (ownership.Locker, error) {
+	return openLockerMinTrust(ctx, cfg, log, reg, 0)
+}
+
+// openLockerMinTrust is openLocker whose Redis Locker gives back an
+// acquisition answered with less than minTrust left of its trust window,
+// and waits on (redislock.Config.MinTrust): `coordinator lock` needs its
+// grace and kill margin.
+func openLockerMinTrust(ctx context.Context, cfg config.Config, log *slog.Logger, reg prometheus.Registerer, minTrust time.Duration) (ownership.Locker, error) {
 	metrics := ownership.NewMetrics(reg)
 	if !cfg.LockEnabled {
 		log.Warn("lock_disabled_single_replica_mode",
@@ -47,7 +57,7 @@ func openLocker(ctx context.Context, cfg config.Config, log *slog.Logger, reg pr
 		Prefix: cfg.LockKeyPrefix, Owner: cfg.ReplicaID, WaitTime: lockerWait(cfg.LockWaitTime),
 		WatchdogTimeout: cfg.LockWatchdogTimeout, Logger: log, Metrics: metrics,
 		WaitReplicas: cfg.LockWaitReplicas, ReplicaTimeout: cfg.LockWaitReplicasTimeout,
-		Layout: layout,
+		Layout: layout, MinTrust: minTrust,
 	})
 	if err != nil {
 		_ = client.Close()
@@ -57,9 +67,11 @@ func openLocker(ctx context.Context, cfg config.Config, log *slog.Logger, reg pr
 	defer cancel()
 	switch err := l.CheckServer(checkCtx); {
 	case errors.Is(err, redislock.ErrUnsafeEviction):
+		// A configuration error (exit 64 from every command): trying again
+		// changes nothing until the server's policy or the URL does.
 		_ = l.Close()
 		_ = client.Close()
-		return nil, fmt.Errorf("COORDINATOR_LOCK_REDIS_URL: %w", err)
+		return nil, &config.Error{Variable: "COORDINATOR_LOCK_REDIS_URL", Flag: "lock-redis-url", Value: redact.URL(cfg.LockRedisURL), Err: err}
 	case err != nil:
 		// Not fatal: acquisitions fail closed until Redis answers (and are
 		// refused then, if its eviction policy turns out unsafe).

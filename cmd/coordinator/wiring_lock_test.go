@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/telco-platform/coordinator/internal/config"
+	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/ownership"
 	"github.com/telco-platform/coordinator/internal/testenv"
 )
@@ -80,6 +81,32 @@ func TestOpenLockerRefusesAnEvictingRedis(t *testing.T) {
 	require.ErrorContains(t, err, "COORDINATOR_LOCK_REDIS_URL")
 	require.ErrorContains(t, err, "maxmemory-policy volatile-lru")
 	require.ErrorContains(t, err, "noeviction")
+}
+
+// A Redis that may evict lock keys is a configuration error for every
+// command that opens the lock: exit 64 naming COORDINATOR_LOCK_REDIS_URL,
+// not 69 (a wrapper that retries on 69 would retry for ever). Nothing runs.
+func TestAnEvictingLockRedisIsExit64Everywhere(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedisServerWith(t, testenv.RedisServerOptions{Args: []string{"--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"}})
+	pg := testenv.Postgres(t)
+	env := map[string]string{
+		"COORDINATOR_LOCK_REDIS_URL": srv.URL(), "COORDINATOR_DATABASE_URL": pg.DSN, "COORDINATOR_REPLICA_ID": "evict",
+		"COORDINATOR_HTTP_ADDR": "127.0.0.1:0", "COORDINATOR_KAFKA_BROKERS": "127.0.0.1:1", "COORDINATOR_LOG_LEVEL": "error",
+	}
+	marker := filepath.Join(t.TempDir(), "ran")
+	for _, args := range [][]string{
+		{"lock", "--key", "evict", "--", "touch", marker},
+		{"locks"},
+		{"run", "reaper"},
+		{"serve"},
+	} {
+		code, _, errs := runCLI(t, env, args...)
+		require.Equal(t, job.ExitUsage, code, "%q: %s", args, errs)
+		require.Contains(t, errs, "COORDINATOR_LOCK_REDIS_URL", "%q", args)
+		require.Contains(t, errs, "allkeys-lru", "%q", args)
+	}
+	require.NoFileExists(t, marker)
 }
 
 // lockerWith opens the production Locker on env (plus the test's prefix) and

@@ -251,3 +251,18 @@ func (s *Set) Scopes(name string) (Scope, bool) {
 	}
 	return 0, false
 }
+
+// Fingerprint returns the SHA-256 of the secret of the token named name, if
+// there is one. A console session is bound to it: a token rotated (same
+// name, new secret) ends the sessions its old secret opened.
+func (s *Set) Fingerprint(name string) ([32]byte, bool) {
+	if s == nil {
+		return [32]byte{}, false
+	}
+	for _, e := range s.entries {
+		if e.name == name {
+			return e.hash, true
+		}
+	}
+	return [32]byte{}, false
+}

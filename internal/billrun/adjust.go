@@ -21,8 +21,15 @@ import (
 // what the invoice and earlier adjustments cover: an amount, not a set of
 // rows, so it does not matter in which order usage transactions committed.
 // Invoices without usage_cents (other writers', or written before it
-// existed) count as covering all usage; subscribers with no invoice for the
-// period are outside its population and have nothing to adjust.
+// existed) count as covering all usage.
+//
+// A subscriber of the period with no invoice at all (loaded after the bill
+// run's cutoff, or backdated into the period after its batch) is billed by
+// the adjustment run too: an invoice like a bill run's (prorated fee and
+// the period's usage), adjust_fence = the adjustment claim's fence, exactly
+// once (uidx_invoices_sub_period). "Of the period" is the bill run's
+// population predicate over the period's recorded instants and zone,
+// without the cutoff.
 
 // Counts keys of an adjustment run, and of a late-usage check.
 const (
@@ -30,6 +37,12 @@ const (
 	CountAdjustedCents        = "adjusted_cents"         // their amount
 	CountLateUsageSubscribers = "late_usage_subscribers" // subscribers with usage no invoice or adjustment covers
 	CountLateUsageCents       = "late_usage_cents"       // that usage's amount
+	// CountUnbilledSubscribers: subscribers of a COMPLETED period with no
+	// invoice for it (loaded or backdated into it after the bill run). An
+	// adjustment run's invoices_created (CountInvoicesCreated) bills them;
+	// invoiced_cents is those invoices' amount.
+	CountUnbilledSubscribers = "unbilled_subscribers"
+	CountInvoicedCents       = "invoiced_cents"
 )
 
 // sqlLateUsage measures a period's late usage.
@@ -106,21 +119,80 @@ select count(*), coalesce(sum(amount_cents), 0)::bigint from ins`
 
 // sqlFinishAdjust ends the adjustment claim under its fence.
 //
-// $1 period, $2 claim fence, $3 status, $4 last error, $5 adjustments, $6 cents.
+// $1 period, $2 claim fence, $3 status, $4 last error, $5 adjustments, $6
+// cents, $7 invoices of unbilled subscribers.
 const sqlFinishAdjust = `
 update bill_run_adjustments
 set status       = $3,
     last_error   = $4,
     adjustments  = adjustments + $5,
     amount_cents = amount_cents + $6,
+    invoices_created = invoices_created + $7,
     finished_at  = clock_timestamp(),
     updated_at   = clock_timestamp()
 where period = $1 and fence = $2 and status = 'RUNNING'`
 
-// lateUsage measures p's late usage.
-func (w *Worker) lateUsage(ctx context.Context, p Period) (subscribers, cents int64, err error) {
-	err = w.pool.QueryRow(ctx, sqlLateUsage, p.String()).Scan(&subscribers, &cents)
-	return subscribers, cents, err
+// sqlUnbilled counts the period's subscribers with no invoice for it: the
+// population predicate over the instants the bill run recorded, without
+// its cutoff (an anti-join with the period's invoices, invoices_period_brin).
+//
+// $1 period, $2 period start, $3 period end.
+var sqlUnbilled = `
+select count(*)
+from subscribers s
+where ` + population("$2", "$3", "'infinity'::timestamptz") + `
+  and not exists (select from invoices i where i.subscriber_id = s.id and i.period = $1)`
+
+// adjustInvoicing is the invoicing of sqlAdjustInvoices: $1 period, $2
+// adjustment fence, $3 period start, $4 period end, $5 billing zone, $6
+// days in the period; no cutoff.
+var adjustInvoicing = invoicing{period: "$1", fence: "$2", start: "$3", end: "$4", cutoff: "'infinity'::timestamptz",
+	zone: "$5", days: "$6", fenceColumn: "adjust_fence"}
+
+// sqlAdjustInvoices bills the period's subscribers with no invoice for it,
+// inside the adjustment transaction, under its fence (the claim held FOR
+// SHARE), exactly once: the bill run's invoicing, adjust_fence = $2.
+var sqlAdjustInvoices = `
+with fenced as materialized (
+    select a.fence from bill_run_adjustments a
+    where a.period = $1 and a.fence = $2 and a.status = 'RUNNING'
+    for share
+),
+` + adjustInvoicing.rows(`not exists (select from invoices i where i.subscriber_id = s.id and i.period = $1)`) + `
+select count(*), coalesce(sum(amount_cents), 0)::bigint from ins`
+
+// sqlPeriodInstants reads the period's instants and zone as the bill run
+// recorded them (NULLs on a row claimed before they were).
+const sqlPeriodInstants = `select period_start, period_end, billing_tz from bill_runs where period = $1`
+
+// instants are p's start and end and its zone's name as its bill run
+// recorded them, else as the calendar has them now.
+func (w *Worker) instants(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, p Period) (start, end time.Time, zone string, err error) {
+	var s, e *time.Time
+	var z *string
+	if err := q.QueryRow(ctx, sqlPeriodInstants, p.String()).Scan(&s, &e, &z); err != nil {
+		return time.Time{}, time.Time{}, "", err
+	}
+	if s == nil || e == nil || z == nil {
+		zone := w.cfg.Calendar.Zone
+		return p.Start(zone), p.End(zone), zone.String(), nil
+	}
+	return *s, *e, *z, nil
+}
+
+// lateUsage measures p's late usage and its unbilled subscribers.
+func (w *Worker) lateUsage(ctx context.Context, p Period) (subscribers, cents, unbilled int64, err error) {
+	if err = w.pool.QueryRow(ctx, sqlLateUsage, p.String()).Scan(&subscribers, &cents); err != nil {
+		return 0, 0, 0, err
+	}
+	start, end, _, err := w.instants(ctx, w.pool, p)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	err = w.pool.QueryRow(ctx, sqlUnbilled, p.String(), start, end).Scan(&unbilled)
+	return subscribers, cents, unbilled, err
 }
 
 // lateUsageTimeout bounds the late-usage check of an already_completed
@@ -128,28 +200,43 @@ func (w *Worker) lateUsage(ctx context.Context, p Period) (subscribers, cents in
 // period), which must not hold a trigger's answer for long.
 const lateUsageTimeout = 10 * time.Second
 
-// reportLateUsage checks a COMPLETED period for late usage when a trigger
-// finds it completed: billrun.late_usage when there is some, and the gauge
-// either way. Best effort: a failed or timed-out check is logged and ok is
-// false.
-func (w *Worker) reportLateUsage(ctx context.Context, run *owned.Run, p Period) (subs, cents int64, ok bool) {
+// lateCheck is what reportLateUsage found.
+type lateCheck struct {
+	subscribers, cents, unbilled int64
+}
+
+// into puts the check's counts into counts.
+func (c lateCheck) into(counts map[string]int64) {
+	counts[CountLateUsageSubscribers], counts[CountLateUsageCents] = c.subscribers, c.cents
+	counts[CountUnbilledSubscribers] = c.unbilled
+}
+
+// reportLateUsage checks a COMPLETED period for late usage and unbilled
+// subscribers when a trigger finds it completed: billrun.late_usage when
+// there is either, and the gauge either way. Best effort: a failed or
+// timed-out check is logged and ok is false.
+func (w *Worker) reportLateUsage(ctx context.Context, run *owned.Run, p Period) (lateCheck, bool) {
 	ctx, cancel := context.WithTimeout(ctx, lateUsageTimeout)
 	defer cancel()
-	subs, cents, err := w.lateUsage(ctx, p)
+	var c lateCheck
+	var err error
+	c.subscribers, c.cents, c.unbilled, err = w.lateUsage(ctx, p)
 	if err != nil {
 		run.Log().Warn("billrun_late_usage_check_failed", "period", p.String(), "error", err)
-		return 0, 0, false
+		return lateCheck{}, false
 	}
-	w.cfg.Metrics.lateUsageChecked(p, subs)
-	if subs == 0 {
-		return 0, 0, true
+	w.cfg.Metrics.lateUsageChecked(p, c.subscribers)
+	if c.subscribers == 0 && c.unbilled == 0 {
+		return c, true
 	}
-	run.Log().Warn("billrun_late_usage", "period", p.String(), CountLateUsageSubscribers, subs, CountLateUsageCents, cents)
+	run.Log().Warn("billrun_late_usage", "period", p.String(), CountLateUsageSubscribers, c.subscribers, CountLateUsageCents, c.cents,
+		CountUnbilledSubscribers, c.unbilled)
 	run.Emit(ctx, events.BillrunLateUsage, map[string]any{
-		"period": p.String(), CountLateUsageSubscribers: subs, CountLateUsageCents: cents,
-		"adjust": fmt.Sprintf("coordinator run billrun --period %s --adjust", p),
+		"period": p.String(), CountLateUsageSubscribers: c.subscribers, CountLateUsageCents: c.cents,
+		CountUnbilledSubscribers: c.unbilled,
+		"adjust":                 fmt.Sprintf("coordinator run billrun --period %s --adjust", p),
 	})
-	return subs, cents, true
+	return c, true
 }
 
 // claimAdjust claims p's adjustment run. Without a COMPLETED bill run the
@@ -175,22 +262,31 @@ func (w *Worker) claimAdjust(ctx context.Context, run *owned.Run, p Period) (int
 	return fence, nil
 }
 
-// runAdjust invoices p's late usage in one fenced transaction, then reports
-// what is left (normally nothing).
+// adjusted is what an adjustment transaction wrote.
+type adjusted struct {
+	adjustments, adjustedCents int64 // late usage
+	invoices, invoicedCents    int64 // unbilled subscribers
+}
+
+// runAdjust bills p's unbilled subscribers and invoices its late usage in
+// one fenced transaction, then reports what is left (normally nothing).
 func (w *Worker) runAdjust(ctx context.Context, run *owned.Run, p Period) (owned.Report, error) {
 	r := retrier{cfg: w.cfg, log: run.Log()}
-	var n, cents int64
+	var a adjusted
 	err := r.retry(ctx, "adjust", func(ctx context.Context) error {
 		var err error
-		n, cents, err = w.adjustOnce(ctx, p, run.Fence())
+		a, err = w.adjustOnce(ctx, p, run.Fence())
 		return err
 	})
-	counts := map[string]int64{CountAdjustmentsCreated: n, CountAdjustedCents: cents}
+	counts := map[string]int64{CountAdjustmentsCreated: a.adjustments, CountAdjustedCents: a.adjustedCents,
+		CountInvoicesCreated: a.invoices, CountInvoicedCents: a.invoicedCents}
 	if err == nil {
-		w.cfg.Metrics.adjusted(n)
-		run.Log().Info("billrun_adjusted", "period", p.String(), CountAdjustmentsCreated, n, CountAdjustedCents, cents)
-		if subs, cents, ok := w.reportLateUsage(ctx, run, p); ok {
-			counts[CountLateUsageSubscribers], counts[CountLateUsageCents] = subs, cents
+		w.cfg.Metrics.adjusted(a.adjustments)
+		w.cfg.Metrics.adjustmentInvoices(a.invoices)
+		run.Log().Info("billrun_adjusted", "period", p.String(), CountAdjustmentsCreated, a.adjustments, CountAdjustedCents, a.adjustedCents,
+			CountInvoicesCreated, a.invoices, CountInvoicedCents, a.invoicedCents)
+		if c, ok := w.reportLateUsage(ctx, run, p); ok {
+			c.into(counts)
 		}
 		return owned.Report{Counts: counts}, nil
 	}
@@ -203,18 +299,21 @@ func (w *Worker) runAdjust(ctx context.Context, run *owned.Run, p Period) (owned
 	case ctx.Err() != nil:
 		status, msg = StatusInterrupted, "interrupted"
 	}
-	if _, ferr := w.pool.Exec(endCtx, sqlFinishAdjust, p.String(), run.Fence(), status, msg, 0, 0); ferr != nil {
+	if _, ferr := w.pool.Exec(endCtx, sqlFinishAdjust, p.String(), run.Fence(), status, msg, 0, 0, 0); ferr != nil {
 		run.Log().Warn("billrun_mark_adjustment_failed", "error", ferr)
 	}
 	return owned.Report{Counts: counts}, fmt.Errorf("billrun: adjustment run %s: %w", p, err)
 }
 
-// adjustOnce is the adjustment transaction: prove the fence, insert the
-// adjustments, end the claim COMPLETED, commit.
-func (w *Worker) adjustOnce(ctx context.Context, p Period, fence int64) (n, cents int64, err error) {
+// adjustOnce is the adjustment transaction: prove the fence, bill the
+// unbilled subscribers, insert the late usage's adjustments (after the new
+// invoices, which cover their own usage), end the claim COMPLETED, commit.
+// The counts are what the statements report.
+func (w *Worker) adjustOnce(ctx context.Context, p Period, fence int64) (adjusted, error) {
+	var a adjusted
 	tx, err := w.pool.Begin(ctx)
 	if err != nil {
-		return 0, 0, err
+		return a, err
 	}
 	defer func() {
 		rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -225,20 +324,28 @@ func (w *Worker) adjustOnce(ctx context.Context, p Period, fence int64) (n, cent
 	var idle string
 	err = tx.QueryRow(ctx, sqlAdjustFence, p.String(), fence, w.cfg.IdleInTransactionTimeout.String()).Scan(&got, &idle)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, 0, errFenceLost
+		return a, errFenceLost
 	}
 	if err != nil {
-		return 0, 0, err
+		return a, err
 	}
-	if err := tx.QueryRow(ctx, sqlInsertAdjustments, p.String(), fence).Scan(&n, &cents); err != nil {
-		return 0, 0, err
-	}
-	tag, err := tx.Exec(ctx, sqlFinishAdjust, p.String(), fence, StatusCompleted, nil, n, cents)
+	start, end, zone, err := w.instants(ctx, tx, p)
 	if err != nil {
-		return 0, 0, err
+		return a, err
+	}
+	if err := tx.QueryRow(ctx, sqlAdjustInvoices, p.String(), fence, start, end, zone, p.Days()).
+		Scan(&a.invoices, &a.invoicedCents); err != nil {
+		return a, err
+	}
+	if err := tx.QueryRow(ctx, sqlInsertAdjustments, p.String(), fence).Scan(&a.adjustments, &a.adjustedCents); err != nil {
+		return a, err
+	}
+	tag, err := tx.Exec(ctx, sqlFinishAdjust, p.String(), fence, StatusCompleted, nil, a.adjustments, a.adjustedCents, a.invoices)
+	if err != nil {
+		return a, err
 	}
 	if tag.RowsAffected() != 1 {
-		return 0, 0, errFenceLost
+		return a, errFenceLost
 	}
-	return n, cents, tx.Commit(ctx)
+	return a, tx.Commit(ctx)
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -229,4 +230,103 @@ func BenchmarkBillRunTuning(b *testing.B) {
 			})
 		}
 	}
+}
+
+// BenchmarkBillRunReconcile measures what proving completion costs (issue
+// 23), in one session: a bill run with the default configuration and the
+// time its completion spent reconciling (coordinator_billrun_reconcile_seconds);
+// the same run without invoices_period_brin (what the index costs
+// the batches' inserts); then, with two more periods of invoices in the
+// table, the reconcile count alone on the billed period with and without
+// the index (what it saves as invoices accumulate); and a run whose
+// invoices of 1% of the subscribers billed by its middle are deleted behind
+// its back, so its completion repairs them.
+func BenchmarkBillRunReconcile(b *testing.B) {
+	e := newBenchEnv(b)
+	ctx := context.Background()
+	exec := func(sql string, args ...any) {
+		_, err := e.pg.Pool.Exec(ctx, sql, args...)
+		require.NoError(b, err)
+	}
+	const createIndex = `create index invoices_period_brin on invoices using brin (period) with (pages_per_range = 32, autosummarize = on)`
+	sum := func(reg *prometheus.Registry, name string) float64 {
+		mfs, err := reg.Gather()
+		require.NoError(b, err)
+		for _, mf := range mfs {
+			if mf.GetName() == name {
+				return mf.GetMetric()[0].GetHistogram().GetSampleSum()
+			}
+		}
+		b.Fatalf("no %s", name)
+		return 0
+	}
+	var run, runNoIndex, reconcile, countOnly, countNoIndex, repairRun, repair time.Duration
+	var repaired int64
+	for b.Loop() {
+		reg := prometheus.NewRegistry()
+		run += e.runner(0, 0, reg)
+		reconcile += time.Duration(sum(reg, "coordinator_billrun_reconcile_seconds") * float64(time.Second))
+
+		exec(`drop index invoices_period_brin`)
+		runNoIndex += e.runner(0, 0, nil)
+		exec(createIndex)
+
+		// Two more periods of invoices beside the billed one (not timed).
+		e.runner(0, 0, nil)
+		var cutoff time.Time
+		require.NoError(b, e.pg.Pool.QueryRow(ctx, `select cutoff_at from bill_runs where period = $1`, period.String()).Scan(&cutoff))
+		for _, p := range []billrun.Period{period.Previous(), period.Previous().Previous()} {
+			exec(`insert into invoices (subscriber_id, period, amount_cents) select subscriber_id, $1, amount_cents from invoices where period = $2`,
+				p.String(), period.String())
+		}
+		exec(`vacuum analyze invoices`)
+		start, end := period.Start(time.UTC), period.End(time.UTC)
+		t := time.Now()
+		pop, missing, err := billrun.Reconcile(ctx, e.pg.Pool, period, start, end, cutoff)
+		countOnly += time.Since(t)
+		require.NoError(b, err)
+		require.Equal(b, e.active, pop)
+		require.Zero(b, missing)
+		exec(`drop index invoices_period_brin`)
+		t = time.Now()
+		_, _, err = billrun.Reconcile(ctx, e.pg.Pool, period, start, end, cutoff)
+		countNoIndex += time.Since(t)
+		require.NoError(b, err)
+		exec(createIndex)
+
+		// 1% of the subscribers billed by the run's middle deleted behind it.
+		e.reset()
+		reg = prometheus.NewRegistry()
+		var once atomic.Bool
+		l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "bench"})
+		r := newRunner(e.pg.Pool, l, "", events.EmitterFunc(func(context.Context, events.Event) {}),
+			billrun.WithBeforeBatch(billrun.Config{Metrics: billrun.NewMetrics(reg)}, func(ctx context.Context, first, _ int64) error {
+				if first > e.active/2 && once.CompareAndSwap(false, true) {
+					_, err := e.pg.Pool.Exec(ctx, `delete from invoices where period = $1 and subscriber_id % 100 = 7`, period.String())
+					return err
+				}
+				return nil
+			}))
+		t = time.Now()
+		res := r.Run(ctx, period, job.Trigger{Source: job.SourceCLI})
+		repairRun += time.Since(t)
+		_ = l.Close()
+		require.Equal(b, job.OutcomeCompleted, res.Outcome, res.Error)
+		require.Positive(b, res.Counts["repaired"])
+		repaired += res.Counts["repaired"]
+		repair += time.Duration(sum(reg, "coordinator_billrun_reconcile_seconds") * float64(time.Second))
+	}
+	n := time.Duration(b.N)
+	ms := func(d time.Duration) float64 { return float64(d/n) / float64(time.Millisecond) }
+	b.ReportMetric(float64(e.active), "subscribers")
+	b.ReportMetric(ms(run), "run_ms")
+	b.ReportMetric(ms(reconcile), "reconcile_ms")
+	b.ReportMetric(reconcile.Seconds()/run.Seconds(), "reconcile/run")
+	b.ReportMetric(ms(runNoIndex), "run_no_period_index_ms")
+	b.ReportMetric(run.Seconds()/runNoIndex.Seconds(), "run/run_no_period_index")
+	b.ReportMetric(ms(countOnly), "count_3_periods_ms")
+	b.ReportMetric(ms(countNoIndex), "count_3_periods_no_index_ms")
+	b.ReportMetric(float64(repaired)/float64(b.N), "repaired")
+	b.ReportMetric(ms(repairRun), "run_with_repair_ms")
+	b.ReportMetric(ms(repair), "reconcile_with_repair_ms")
 }

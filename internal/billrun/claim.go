@@ -70,10 +70,14 @@ func (w *Worker) Claim(ctx context.Context, run *owned.Run, params owned.Params)
 			CountPeriodSubscribers:     st.Counts[CountSubscribers],
 			CountPeriodInvoicesCreated: st.Counts[CountInvoicesCreated],
 			CountPeriodAlreadyInvoiced: st.Counts[CountAlreadyInvoiced],
+			CountRepaired:              st.Counts[CountRepaired],
+		}
+		if n, ok := st.Counts[CountPopulation]; ok {
+			counts[CountPopulation] = n
 		}
 		// A completed period is checked for usage that arrived since.
-		if subs, cents, ok := w.reportLateUsage(ctx, run, p); ok {
-			counts[CountLateUsageSubscribers], counts[CountLateUsageCents] = subs, cents
+		if c, ok := w.reportLateUsage(ctx, run, p); ok {
+			c.into(counts)
 		}
 		return 0, &owned.CompletedError{Owner: st.Owner, Fence: st.Fence, Counts: counts}
 	case err != nil:

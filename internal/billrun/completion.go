@@ -28,7 +28,7 @@ where period = $1 and fence = $2 and status = 'COMPLETED' and completed_event_at
 const sqlUnpublishedCompletions = `
 select period, completion_event_id, coalesce(owner, ''), fence, coalesce(lock_fence, 0),
        coalesce(request_id, ''), coalesce(requested_by, ''), coalesce(principal, ''), coalesce(trigger_source, ''),
-       batches_done, subscribers, invoices_created, already_invoiced, finished_at
+       batches_done, subscribers, invoices_created, already_invoiced, finished_at, repaired, population
 from bill_runs
 where status = 'COMPLETED' and completed_event_at is null and completion_event_id is not null
   and finished_at < clock_timestamp() - make_interval(secs => $1)
@@ -65,24 +65,32 @@ func (w *Worker) UnpublishedCompletions(ctx context.Context, olderThan time.Dura
 			fence, lockFence, subs, created, already                          int64
 			batches                                                           int32
 			finished                                                          time.Time
+			repaired                                                          int64
+			population                                                        *int64
 		)
 		if err := rows.Scan(&period, &eventID, &owner, &fence, &lockFence, &requestID, &requestedBy, &principal, &source,
-			&batches, &subs, &created, &already, &finished); err != nil {
+			&batches, &subs, &created, &already, &finished, &repaired, &population); err != nil {
 			return nil, fmt.Errorf("billrun: list unpublished completions: %w", err)
 		}
 		p, err := ParsePeriod(period)
 		if err != nil {
 			continue // the table's check constraint makes this unreachable
 		}
+		counts := map[string]int64{
+			CountPeriodBatches: int64(batches), CountPeriodSubscribers: subs,
+			CountPeriodInvoicesCreated: created, CountPeriodAlreadyInvoiced: already,
+			CountRepaired: repaired,
+		}
+		if population != nil {
+			counts[CountPopulation] = *population
+		}
 		out = append(out, owned.Completion{
 			Params: p, EventID: eventID, Owner: owner, Fence: fence, LockFence: lockFence, Finished: finished,
 			Trigger: job.Trigger{Source: job.Source(source), RequestID: requestID, RequestedBy: requestedBy, Principal: principal},
-			// The period's totals, as the original event carried them; the
-			// run's own counts were not kept.
-			Counts: map[string]int64{
-				CountPeriodBatches: int64(batches), CountPeriodSubscribers: subs,
-				CountPeriodInvoicesCreated: created, CountPeriodAlreadyInvoiced: already,
-			},
+			// The period's totals, as the original event carried them, with
+			// what its completion repaired and counted; the run's own counts
+			// were not kept.
+			Counts: counts,
 		})
 	}
 	if err := rows.Err(); err != nil {

@@ -5,8 +5,9 @@
 // and Run, emits the ownership events and releases; this package claims,
 // plans and runs the fenced batches. Files: kind.go (the kind: spec,
 // decoding, flags), calendar.go (which periods may be billed), claim.go,
-// plan.go, batch.go, retry.go, run.go (the run's end), adjust.go (late usage
-// and adjustment runs), status.go, sql.go.
+// plan.go, batch.go, retry.go, run.go (the run's end), complete.go (what
+// COMPLETED proves: reconcile, repair, complete), adjust.go (late usage,
+// unbilled subscribers and adjustment runs), status.go, sql.go.
 //
 // # Billing periods
 //
@@ -66,11 +67,20 @@
 //     already_invoiced, with a sample of their ids;
 //     (c) INSERT into bill_run_batches (range, fence, owner, counts); the
 //     statement's end commits.
-//  5. End under the fence (sqlFinish: UPDATE ... WHERE fence=F AND
-//     status='RUNNING'): COMPLETED with the period's totals, run.completed,
-//     release (ownership.released), outcome completed. Subscribers found
-//     already invoiced are reported in one billrun.invoice_conflict event
-//     (count and sample) and in the result's counts.
+//  5. Complete (complete.go), once every planned batch committed: one
+//     transaction that holds the row under the fence (FOR NO KEY UPDATE)
+//     reconciles the period in the database (sqlReconcile: the population
+//     at the cutoff, anti-joined with the period's invoices), bills any
+//     member without an invoice under the same fence (sqlRepair: sqlBatch's
+//     fence check and invoicing, ON CONFLICT DO NOTHING; counted as
+//     repaired, logged with the id ranges), checks none is left, and marks
+//     the row COMPLETED with the counts read back from the database
+//     (sqlFinish), committing with synchronous_commit on; then run.completed
+//     (with population, repaired, empty_population), release
+//     (ownership.released), outcome completed. A gap it cannot close rolls
+//     back: FAILED, retryable, and it pages. Subscribers found already
+//     invoiced are reported in one billrun.invoice_conflict event (count and
+//     sample) and in the result's counts.
 //
 // # Progress
 //
@@ -91,7 +101,8 @@
 // bill_runs claim fence once the period is claimed (data.lock_fence carries
 // the Redis lease's token); ownership.acquired, emitted before the claim,
 // carries the lease's token as Fence. ownership.already_owned names the
-// Owner. run.completed, run.failed and ownership.lost carry the counts;
+// Owner. run.completed, run.failed and ownership.lost carry the counts, the
+// database's wherever the run reached its row (sqlFinish);
 // ownership.lost its reason (lease_lost, fence_lost, shutdown); run.failed
 // the error. billrun.invoice_conflict comes once per run with the
 // already_invoiced count and a sample of subscriber ids, and once per
@@ -99,11 +110,11 @@
 //
 // # States of a bill_runs row
 //
-//	            claim (fence+1)                    all batches committed
+//	            claim (fence+1)           all batches committed, reconciled
 //	(no row) ─────────────────────▶ RUNNING ───────────────────────────────▶ COMPLETED
 //	                                 │  ▲ │                                   (final: a later
-//	       lease lost / shutdown /   │  │ │ a batch keeps failing              claim answers
-//	       fence superseded          │  │ │ (retries spent, or not transient)  already_completed)
+//	       lease lost / shutdown /   │  │ │ a batch keeps failing, or a gap    claim answers
+//	       fence superseded          │  │ │ the completion cannot close        already_completed)
 //	                                 ▼  │ ▼
 //	                       INTERRUPTED  │  FAILED
 //	                                 └──┴───┘
@@ -174,6 +185,18 @@
 //     last_error names the constraint. Never a generic error, never silent.
 //   - Postgres unreachable when ending the run: the row stays RUNNING; the
 //     resumer's next claim takes it over.
+//   - Postgres lost commits it acknowledged (synchronous_commit=off and a
+//     crash, a failover to an asynchronous replica) and the run went on
+//     past them: the completion finds the lost batches' subscribers without
+//     an invoice and bills them under its fence before COMPLETED (repaired;
+//     CoordinatorBillRunRepaired). A resume plans the ranges whose batch
+//     records were lost like any uncommitted range.
+//   - The completion cannot bill the gap (its inserts refused, subscribers
+//     still missing after the repair): the transaction rolls back, the row
+//     is FAILED with last_error ("not completed"), the failure is
+//     retryable (the resumer retries it) and pages
+//     (coordinator_billrun_reconcile_failures_total,
+//     CoordinatorBillRunUnreconciled).
 //
 // Resume never double-bills or skips: a committed range is skipped whole and
 // ranges are never split across runs; ON CONFLICT DO NOTHING is only the
@@ -181,19 +204,24 @@
 // is not revisited by the same period's run; one created after the cutoff
 // is not in it.
 //
-// # Late usage
+// # Late usage and unbilled subscribers
 //
 // Usage of P that arrives after P is COMPLETED is the difference between the
 // subscriber's usage charges and what its invoice (usage_cents) and earlier
 // adjustments cover: an amount, so the order in which usage transactions
-// commit does not matter. A trigger that finds P COMPLETED measures it
-// (sqlLateUsage) and reports it: billrun.late_usage, the gauge
+// commit does not matter. A subscriber of P with no invoice at all (created
+// after the cutoff, or backdated into P after its batch) is unbilled. A
+// trigger that finds P COMPLETED measures both (sqlLateUsage, sqlUnbilled)
+// and reports them: billrun.late_usage, the gauge
 // coordinator_billrun_late_usage_subscribers{period}, and the counts
-// late_usage_subscribers and late_usage_cents. An adjustment run (Request
-// Adjust; `coordinator run billrun --period P --adjust`) takes the same lock,
-// claims bill_run_adjustments (fence+1 per claim, refused to a stale lock
-// fence, only once the bill run is COMPLETED) and, in one transaction that
-// holds that row FOR SHARE under its fence, inserts one invoice_adjustments
-// row per subscriber with uncovered usage (unique subscriber, period,
-// fence) and ends the claim COMPLETED. Repeating it finds nothing to do.
+// late_usage_subscribers, late_usage_cents and unbilled_subscribers. An
+// adjustment run (Request Adjust; `coordinator run billrun --period P
+// --adjust`) takes the same lock, claims bill_run_adjustments (fence+1 per
+// claim, refused to a stale lock fence, only once the bill run is
+// COMPLETED) and, in one transaction that holds that row FOR SHARE under
+// its fence, bills every unbilled subscriber as the bill run would
+// (invoices.adjust_fence, exactly once by uidx_invoices_sub_period), inserts
+// one invoice_adjustments row per subscriber with uncovered usage (unique
+// subscriber, period, fence) and ends the claim COMPLETED. Repeating it
+// finds nothing to do.
 package billrun

@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // WithBeforeBatch sets the test seam that runs before each batch
@@ -32,4 +33,20 @@ func CountToPlan(ctx context.Context, db interface {
 	var n int64
 	err := db.QueryRow(ctx, sqlCountToPlan, p.String(), start, end, cutoff, fence).Scan(&n)
 	return n, err
+}
+
+// Reconcile runs the completion's count (sqlReconcile) for period p, its
+// instants and cutoff, in a transaction with the completion's planner
+// settings (sqlCompleteFence's), and rolls back.
+func Reconcile(ctx context.Context, pool *pgxpool.Pool, p Period, start, end, cutoff time.Time) (population, missing int64, err error) {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `select set_config('enable_nestloop', 'off', true), set_config('jit', 'off', true)`); err != nil {
+		return 0, 0, err
+	}
+	err = tx.QueryRow(ctx, sqlReconcile, p.String(), start, end, cutoff).Scan(&population, &missing)
+	return population, missing, err
 }

@@ -20,6 +20,14 @@ type Metrics struct {
 	runningRuns prometheus.Gauge
 	lateUsage   *prometheus.GaugeVec
 	adjustments prometheus.Counter
+	// The completion's reconcile (complete.go). Unlabelled counters: they
+	// exist at 0 from registration, so an alert's increase() sees the
+	// first one after a start.
+	repairedSubs   prometheus.Counter
+	unreconciled   prometheus.Counter
+	emptyPops      prometheus.Counter
+	reconcileTime  prometheus.Histogram
+	adjustInvoices prometheus.Counter
 }
 
 // Batch phases timed by coordinator_billrun_batch_phase_seconds.
@@ -73,9 +81,31 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "coordinator_billrun_adjustments_created_total",
 			Help: "Invoice adjustments inserted by adjustment runs (late usage).",
 		}),
+		repairedSubs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "coordinator_billrun_repaired_subscribers_total",
+			Help: "Subscribers a bill run's completion found without an invoice after all its batches had committed (lost commits, rows changed behind the run), and billed under its fence before it was COMPLETED.",
+		}),
+		unreconciled: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "coordinator_billrun_reconcile_failures_total",
+			Help: "Bill runs whose batches were all done but whose period's invoices could not be made its population: not COMPLETED, FAILED and retried by the resumer.",
+		}),
+		emptyPops: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "coordinator_billrun_empty_populations_total",
+			Help: "Bill runs COMPLETED with no billable subscriber at the cutoff (run.completed empty_population: true).",
+		}),
+		reconcileTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "coordinator_billrun_reconcile_seconds",
+			Help:    "Time a bill run's completion spent reconciling the period's invoices with its population (and repairing a gap).",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2.5, 10),
+		}),
+		adjustInvoices: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "coordinator_billrun_adjustment_invoices_created_total",
+			Help: "Invoices adjustment runs inserted for subscribers of a COMPLETED period that had none (loaded or backdated into it after its bill run).",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.runs, m.batches, m.phase, m.invoices, m.already, m.conflicts, m.runningRuns, m.lateUsage, m.adjustments)
+		reg.MustRegister(m.runs, m.batches, m.phase, m.invoices, m.already, m.conflicts, m.runningRuns, m.lateUsage, m.adjustments,
+			m.repairedSubs, m.unreconciled, m.emptyPops, m.reconcileTime, m.adjustInvoices)
 	}
 	return m
 }
@@ -127,5 +157,36 @@ func (m *Metrics) lateUsageChecked(p Period, subscribers int64) {
 func (m *Metrics) adjusted(n int64) {
 	if m != nil {
 		m.adjustments.Add(float64(n))
+	}
+}
+
+func (m *Metrics) repaired(n int64) {
+	if m != nil && n > 0 {
+		m.repairedSubs.Add(float64(n))
+		m.invoices.Add(float64(n))
+	}
+}
+
+func (m *Metrics) reconcileFailed() {
+	if m != nil {
+		m.unreconciled.Inc()
+	}
+}
+
+func (m *Metrics) emptyPopulation() {
+	if m != nil {
+		m.emptyPops.Inc()
+	}
+}
+
+func (m *Metrics) observeReconcile(d time.Duration) {
+	if m != nil {
+		m.reconcileTime.Observe(d.Seconds())
+	}
+}
+
+func (m *Metrics) adjustmentInvoices(n int64) {
+	if m != nil && n > 0 {
+		m.adjustInvoices.Add(float64(n))
 	}
 }

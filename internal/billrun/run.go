@@ -17,22 +17,37 @@ import (
 	"github.com/telco-platform/coordinator/internal/ownership"
 )
 
-// Counts keys of a bill run's Result.
+// Counts keys of a bill run's Result. A run that reaches its bill_runs row
+// (COMPLETED, FAILED, INTERRUPTED) reports them as the database has them
+// (sqlFinish), not as the run counted them; batches_retried and
+// unique_violations count attempts that rolled back, so they are the run's.
 const (
-	CountSubscribers      = "subscribers"       // subscribers of the population in the batches this run committed
-	CountInvoicesCreated  = "invoices_created"  // invoices this run inserted
-	CountAlreadyInvoiced  = "already_invoiced"  // subscribers this run found already invoiced for the period
-	CountBatchesTotal     = "batches_total"     // skipped + planned by this run
+	CountSubscribers      = "subscribers"       // population subscribers this run billed or found billed: its batches' and its repair's
+	CountInvoicesCreated  = "invoices_created"  // invoices this run inserted (its batches' and its repair's)
+	CountAlreadyInvoiced  = "already_invoiced"  // subscribers this run's batches found already invoiced for the period
+	CountBatchesTotal     = "batches_total"     // COMPLETED: the period's recorded batches; otherwise skipped + planned by this run
 	CountBatchesSkipped   = "batches_skipped"   // committed by earlier runs of the period (resume)
-	CountBatchesCommitted = "batches_committed" // committed by this run
+	CountBatchesCommitted = "batches_committed" // committed by this run and recorded
 	CountBatchesRetried   = "batches_retried"   // batch tries that failed and were tried again
 	CountUniqueViolations = "unique_violations" // 23505 errors that escaped ON CONFLICT
+	// CountRepaired: subscribers of the population the completion found
+	// without an invoice, after every batch had committed, and billed
+	// (complete.go). Non-zero means commits were lost or rows changed
+	// behind the run: it alerts as CoordinatorBillRunRepaired.
+	CountRepaired = "repaired"
+	// CountPopulation: the period's population at the cutoff, counted by the
+	// completion's reconcile; every one of them has an invoice.
+	CountPopulation = "population"
 	// Period totals over every run of the period, read from bill_runs at the end.
 	CountPeriodBatches         = "period_batches"
 	CountPeriodSubscribers     = "period_subscribers"
 	CountPeriodInvoicesCreated = "period_invoices_created"
 	CountPeriodAlreadyInvoiced = "period_already_invoiced"
 )
+
+// DataEmptyPopulation is run.completed's empty_population: true when the
+// period had no billable subscriber at the cutoff.
+const DataEmptyPopulation = "empty_population"
 
 // Lost reasons, in the data of ownership.lost.
 const (
@@ -41,8 +56,9 @@ const (
 	ReasonShutdown  = owned.ReasonShutdown  // the run's caller shut down
 )
 
-// finishTimeout bounds ending a run (marking it COMPLETED, FAILED or
-// INTERRUPTED), retries included.
+// finishTimeout bounds ending a run that did not complete (marking it
+// FAILED or INTERRUPTED), retries included; completeTimeout bounds a
+// completion.
 const finishTimeout = 15 * time.Second
 
 // execution is one claimed run of a period.
@@ -175,6 +191,9 @@ func (w *Worker) Run(ctx context.Context, run *owned.Run, params owned.Params) (
 
 	skipped := int64(len(ranges))
 	st.mu.Lock()
+	// The run's own view, for a run that cannot end its row (Postgres
+	// unreachable): every run that reaches its row reports the database's
+	// counts instead (end).
 	counts := map[string]int64{
 		CountSubscribers:      st.subscribers,
 		CountInvoicesCreated:  st.created,
@@ -187,7 +206,7 @@ func (w *Worker) Run(ctx context.Context, run *owned.Run, params owned.Params) (
 	}
 	// Every planned batch committed under our fence: the work is done, even
 	// if the lease ended or shutdown began after the last commit (Postgres,
-	// not the lease, proved each commit; the final update is fenced too).
+	// not the lease, proved each commit; the completion is fenced too).
 	allDone := planned.Load() && st.committed == st.planned
 	sample := append([]int64(nil), st.sample...)
 	phases := make([]any, 0, 2*len(st.phase))
@@ -204,16 +223,17 @@ func (w *Worker) Run(ctx context.Context, run *owned.Run, params owned.Params) (
 			"sample":             sample,
 		})
 	}
-	runErr = transient(x.end(ctx, runErr, counts))
+	rep := owned.Report{Counts: counts}
+	runErr = transient(x.end(ctx, runErr, &rep, skipped+counts[CountBatchesCommitted]))
 
-	logArgs := append([]any{"error", runErr, "batches_committed", counts[CountBatchesCommitted], "batches_skipped", skipped,
-		"invoices_created", counts[CountInvoicesCreated], "already_invoiced", counts[CountAlreadyInvoiced]}, phases...)
+	logArgs := append([]any{"error", runErr, "batches_committed", rep.Counts[CountBatchesCommitted], "batches_skipped", rep.Counts[CountBatchesSkipped],
+		"invoices_created", rep.Counts[CountInvoicesCreated], "already_invoiced", rep.Counts[CountAlreadyInvoiced]}, phases...)
 	level := slog.LevelInfo
 	if runErr != nil {
 		level = slog.LevelWarn
 	}
 	x.log.Log(ctx, level, "billrun_batches_done", logArgs...)
-	return owned.Report{Counts: counts}, runErr
+	return rep, runErr
 }
 
 // verdict says how the batches ended: nil (all committed), a lost error
@@ -234,51 +254,100 @@ func (x *execution) verdict(allDone bool, cause error) error {
 	return cause
 }
 
-// end marks the bill_runs row under the fence: COMPLETED (adding the
-// period's totals to counts), INTERRUPTED for a lost run, FAILED with
-// last_error. It needs Postgres even when ctx is gone. It returns the run's
-// final error: a COMPLETED that finds the fence superseded is lost.
-func (x *execution) end(ctx context.Context, runErr error, counts map[string]int64) error {
-	endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
-	defer cancel()
+// end marks the bill_runs row under the fence: COMPLETED once the
+// completion transaction reconciled the period (complete.go), INTERRUPTED
+// for a lost run, FAILED with last_error. rep's counts become the
+// database's wherever the row could be ended (the attempts that failed,
+// batches_retried and unique_violations, rolled back and stay the run's
+// own). It needs Postgres even when ctx is gone. It returns the run's
+// final error: a COMPLETED that finds the fence superseded is lost; a
+// reconcile that cannot close a gap is a retryable failure.
+func (x *execution) end(ctx context.Context, runErr error, rep *owned.Report, planned int64) error {
 	var lost *owned.LostError
 	switch {
 	case runErr == nil:
-		totals, ok, err := x.finish(endCtx, StatusCompleted, nil)
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), completeTimeout)
+		counts, rec, ok, err := x.complete(cctx, planned)
+		cancel()
+		var unrec *UnreconciledError
 		switch {
+		case errors.As(err, &unrec):
+			x.cfg.Metrics.reconcileFailed()
+			x.log.Error("billrun_unreconciled", "error", err, "population", rec.population, "missing", rec.missing,
+				"still_missing", unrec.Missing, "detail", "not COMPLETED: the resumer retries the run; see docs/runbook.md#coordinatorbillrununreconciled")
+			// Retryable whatever the repair's error: the period is not
+			// billed, and the resumer tries again (with backoff, up to its
+			// attempts) while it pages.
+			runErr = owned.Retryable(err)
 		case err != nil:
 			runErr = fmt.Errorf("billrun: mark COMPLETED: %w", err)
 		case !ok:
 			return owned.Lost(ReasonFenceLost, nil)
 		default:
-			for k, v := range totals {
-				counts[k] = v
-			}
+			x.completed(rep, counts, rec)
 			return nil
 		}
 	case errors.As(runErr, &lost):
 		msg := "interrupted: " + lost.Reason
-		if _, _, err := x.finish(endCtx, StatusInterrupted, &msg); err != nil {
+		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+		defer cancel()
+		if totals, ok, err := x.finish(ectx, StatusInterrupted, &msg); err != nil {
 			x.log.Warn("billrun_mark_interrupted_failed", "error", err)
+		} else if ok {
+			totals.into(rep.Counts)
 		}
 		return runErr
 	}
 	msg := runErr.Error()
-	if _, ok, err := x.finish(endCtx, StatusFailed, &msg); err != nil || !ok {
+	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+	defer cancel()
+	totals, ok, err := x.finish(ectx, StatusFailed, &msg)
+	if err != nil || !ok {
 		x.log.Warn("billrun_mark_failed_failed", "error", err, "fence_ours", ok)
+	} else {
+		totals.into(rep.Counts)
 	}
 	return runErr
 }
 
-// finish ends the run under the fence. ok false: the fence is no longer
-// ours. Transient errors are retried until ctx ends: the row's status is
-// worth waiting for (a Postgres restart), and ctx bounds the wait.
-func (x *execution) finish(ctx context.Context, status string, lastError *string) (map[string]int64, bool, error) {
-	var batches, subs, created, already int64
+// completed takes a COMPLETED run's counts from the database into rep,
+// with its attempt counts, says whether its population was empty, and
+// reports a repair.
+func (x *execution) completed(rep *owned.Report, counts map[string]int64, rec reconciliation) {
+	counts[CountBatchesRetried] = rep.Counts[CountBatchesRetried]
+	counts[CountUniqueViolations] = rep.Counts[CountUniqueViolations]
+	rep.Counts = counts
+	empty := !reconcileSkipped && rec.population == 0
+	rep.Data = map[string]any{DataEmptyPopulation: empty}
+	m := x.cfg.Metrics
+	m.repaired(rec.repaired)
+	if empty {
+		m.emptyPopulation()
+		x.log.Warn("billrun_empty_population", "period", x.period.String(), "cutoff_at", x.cut.at,
+			"detail", "no subscriber is billable for the period at the cutoff; subscribers loaded or backdated into it later are billed by an adjustment run (--adjust)")
+	}
+	if rec.repaired > 0 {
+		ranges := make([]string, len(rec.shown))
+		for i, r := range rec.shown {
+			ranges[i] = fmt.Sprintf("%d-%d", r[0], r[1])
+		}
+		x.log.Warn("billrun_repaired", "period", x.period.String(), CountRepaired, rec.repaired, "missing", rec.missing,
+			CountPopulation, rec.population, "ranges", rec.ranges, "first_ranges", ranges,
+			"detail", "subscribers of the population had no invoice after every batch committed (lost commits?): billed under the run's fence; see docs/runbook.md#coordinatorbillrunrepaired")
+	}
+	x.log.Info("billrun_reconciled", CountPopulation, rec.population, CountRepaired, rec.repaired, "duration_ms", rec.took.Milliseconds())
+}
+
+// finish ends the run under the fence with a status other than COMPLETED
+// (that is complete's). ok false: the fence is no longer ours. Transient
+// errors are retried until ctx ends: the row's status is worth waiting for
+// (a Postgres restart), and ctx bounds the wait.
+func (x *execution) finish(ctx context.Context, status string, lastError *string) (finishTotals, bool, error) {
+	var t finishTotals
 	ok := true
 	err := x.retryUntil(ctx, "finish", func(ctx context.Context) error {
-		err := x.pool.QueryRow(ctx, sqlFinish, x.period.String(), x.fence, status, lastError, x.run.CompletionEventID()).
-			Scan(&batches, &subs, &created, &already)
+		err := x.pool.QueryRow(ctx, sqlFinish, x.period.String(), x.fence, status, lastError, x.run.CompletionEventID(),
+			int64(0), nil).Scan(t.dest()...)
 		if errors.Is(err, pgx.ErrNoRows) {
 			ok = false
 			return nil
@@ -286,10 +355,7 @@ func (x *execution) finish(ctx context.Context, status string, lastError *string
 		return err
 	})
 	if err != nil {
-		return nil, false, err
+		return t, false, err
 	}
-	return map[string]int64{
-		CountPeriodBatches: batches, CountPeriodSubscribers: subs,
-		CountPeriodInvoicesCreated: created, CountPeriodAlreadyInvoiced: already,
-	}, ok, nil
+	return t, ok, nil
 }

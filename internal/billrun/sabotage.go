@@ -13,4 +13,7 @@ const (
 	sabotaged = false
 	// batchFenceSQL is the fence check that opens every batch statement.
 	batchFenceSQL = sqlBatchFence
+	// reconcileSkipped: a run is COMPLETED without reconciling its
+	// period's invoices with its population (complete.go).
+	reconcileSkipped = false
 )

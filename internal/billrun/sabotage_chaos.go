@@ -12,4 +12,7 @@ const (
 	sabotaged     = true
 	batchFenceSQL = `/* chaos_sabotage_build: no fence check */
 with fenced as materialized (select $2::bigint as fence)`
+	// reconcileSkipped stays false here until the verifier's sabotage pass
+	// has a check for it (a COMPLETED period missing invoices).
+	reconcileSkipped = false
 )

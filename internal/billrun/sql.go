@@ -81,7 +81,8 @@ where status <> 'COMPLETED'
 order by period`
 
 // sqlStatus reads a period's row with totals summed from its committed
-// batches, and for its progress: the batches and subscribers of the latest
+// batches (and what its completion repaired and counted), and for its
+// progress: the batches and subscribers of the latest
 // claim (fence) and the seconds it has run, by the database's clock, and
 // its total (bill_run_totals; bill_runs.batches_total once finished); then
 // the population cutoff and the period's adjustment runs, if any.
@@ -93,7 +94,8 @@ select r.period, r.status, coalesce(r.owner, ''), r.fence, r.lock_fence, r.attem
        coalesce(tot.batches_total, r.batches_total), t.fence_batches, t.fence_subscribers,
        coalesce(extract(epoch from coalesce(r.finished_at, clock_timestamp()) - r.started_at), 0)::float8,
        r.period_start, r.period_end, r.billing_tz, r.cutoff_at,
-       a.status, a.fence, a.adjustments, a.amount_cents, a.finished_at
+       a.status, a.fence, a.adjustments, a.amount_cents, a.finished_at, a.invoices_created,
+       r.repaired, r.population
 from bill_runs r
      left join bill_run_adjustments a on a.period = r.period
      left join bill_run_totals tot on tot.period = r.period and tot.fence = r.fence,
@@ -107,14 +109,21 @@ from bill_runs r
               where b.period = r.period) t
 where r.period = $1`
 
-// The period's population, in sqlCountToPlan, sqlNextBatch and
-// sqlBatch alike (keep the three predicates in step): subscribers
-// created by the cutoff, activated before the period's end (or NULL: since
-// before any period), not deactivated by its start (deactivated_at NULL or
-// later than the start), and not deactivated by status alone (a status other
-// than ACTIVE with no deactivated_at counts as deactivated before any
-// period). The keyset steps walk the primary key and filter on the row (a
-// narrow one): about 0.6 ms per 1,000 ids.
+// population is the period's population, one predicate on subscribers s
+// for every statement that walks, counts, bills or reconciles it (start,
+// end and cutoff name the statement's parameters): subscribers created by
+// the cutoff, activated before the period's end (or NULL: since before any
+// period), not deactivated by its start (deactivated_at NULL or later than
+// the start), and not deactivated by status alone (a status other than
+// ACTIVE with no deactivated_at counts as deactivated before any period).
+// The keyset steps walk the primary key and filter on the row (a narrow
+// one): about 0.6 ms per 1,000 ids.
+func population(start, end, cutoff string) string {
+	return `s.created_at <= ` + cutoff + `
+  and (s.activated_at is null or s.activated_at < ` + end + `)
+  and (s.deactivated_at is null or s.deactivated_at > ` + start + `)
+  and (s.status = 'ACTIVE' or s.deactivated_at is not null)`
+}
 
 // sqlCountToPlan estimates what a run still has to plan: the period's
 // population less those in the batches earlier claims committed (as they
@@ -123,12 +132,9 @@ where r.period = $1`
 // total by them (TestCountToPlanLeavesThisClaimsBatchesIn).
 //
 // $1 period, $2 period start, $3 period end, $4 cutoff, $5 claim fence.
-const sqlCountToPlan = `
+var sqlCountToPlan = `
 select (select count(*) from subscribers s
-        where s.created_at <= $4
-          and (s.activated_at is null or s.activated_at < $3)
-          and (s.deactivated_at is null or s.deactivated_at > $2)
-          and (s.status = 'ACTIVE' or s.deactivated_at is not null))
+        where ` + population("$2", "$3", "$4") + `)
      - (select coalesce(sum(subscribers), 0) from bill_run_batches where period = $1 and fence <> $5)`
 
 // sqlRecordTotal stores the run's batches total (the progress
@@ -154,14 +160,11 @@ select first_id, last_id from bill_run_batches where period = $1 order by first_
 // primary key): the next up to $3 ids after $1 and at most $2.
 //
 // $4 period start, $5 period end, $6 cutoff.
-const sqlNextBatch = `
+var sqlNextBatch = `
 select coalesce(min(id), 0), coalesce(max(id), 0), count(*)
 from (select s.id from subscribers s
       where s.id > $1 and s.id <= $2
-        and s.created_at <= $6
-        and (s.activated_at is null or s.activated_at < $5)
-        and (s.deactivated_at is null or s.deactivated_at > $4)
-        and (s.status = 'ACTIVE' or s.deactivated_at is not null)
+        and ` + population("$4", "$5", "$6") + `
       order by s.id
       limit $3) s`
 
@@ -214,34 +217,8 @@ with fenced as materialized (
 // $1 period, $2 claim fence, $3 first id, $4 last id, $5 sample size,
 // $6 period start, $7 period end, $8 cutoff, $9 billing zone, $10 days in
 // the period, $11 owner.
-const sqlBatch = batchFenceSQL + `,
-pop as materialized (
-    select s.id, s.monthly_fee_cents,
-           case when s.activated_at is null or s.activated_at <= $6 then 1
-                else extract(day from s.activated_at at time zone $9)::int end as first_day,
-           case when s.deactivated_at is null or s.deactivated_at >= $7 then $10::int
-                else extract(day from (s.deactivated_at - interval '1 microsecond') at time zone $9)::int end as last_day,
-           coalesce((select sum(u.amount_cents) from usage_charges u
-                     where u.subscriber_id = s.id and u.period = $1), 0) as usage
-    from subscribers s
-    where exists (select from fenced)
-      and s.id between $3 and $4
-      and s.created_at <= $8
-      and (s.activated_at is null or s.activated_at < $7)
-      and (s.deactivated_at is null or s.deactivated_at > $6)
-      and (s.status = 'ACTIVE' or s.deactivated_at is not null)
-),
-src as materialized (
-    select id, usage,
-           round(monthly_fee_cents::numeric * greatest(last_day - first_day + 1, 0) / $10::int)::bigint + usage as amount
-    from pop
-),
-ins as (
-    insert into invoices (subscriber_id, period, amount_cents, usage_cents, bill_run_fence)
-    select id, $1, amount, usage, $2 from src order by id
-    on conflict (subscriber_id, period) do nothing
-    returning subscriber_id
-),
+var sqlBatch = batchFenceSQL + `,
+` + batchInvoicing.rows(`s.id between $3 and $4`) + `,
 n as materialized (
     select (select count(*) from fenced) > 0 as fenced,
            (select count(*) from src)        as subscribers,
@@ -260,6 +237,52 @@ select n.fenced, n.subscribers, n.created,
        end
 from n`
 
+// invoicing writes a statement's invoices: the parameters (or
+// expressions) its rows take, and the column that names the claim writing
+// them.
+type invoicing struct {
+	period, fence, start, end, cutoff, zone, days string
+	fenceColumn                                   string // bill_run_fence, or adjust_fence
+}
+
+// batchInvoicing is the invoicing of sqlBatch and sqlRepair: $1 period,
+// $2 claim fence, $6 period start, $7 period end, $8 cutoff, $9 billing
+// zone, $10 days in the period.
+var batchInvoicing = invoicing{period: "$1", fence: "$2", start: "$6", end: "$7", cutoff: "$8", zone: "$9", days: "$10",
+	fenceColumn: "bill_run_fence"}
+
+// rows is the invoicing as three CTEs after the statement's fence check
+// (a CTE named fenced): pop, the population's subscribers that also match
+// filter, with their active days and usage; src, their amounts; ins, the
+// insert (ON CONFLICT on uidx_invoices_sub_period does nothing), which
+// returns the subscribers it invoiced and their amounts.
+func (v invoicing) rows(filter string) string {
+	return `pop as materialized (
+    select s.id, s.monthly_fee_cents,
+           case when s.activated_at is null or s.activated_at <= ` + v.start + ` then 1
+                else extract(day from s.activated_at at time zone ` + v.zone + `)::int end as first_day,
+           case when s.deactivated_at is null or s.deactivated_at >= ` + v.end + ` then ` + v.days + `::int
+                else extract(day from (s.deactivated_at - interval '1 microsecond') at time zone ` + v.zone + `)::int end as last_day,
+           coalesce((select sum(u.amount_cents) from usage_charges u
+                     where u.subscriber_id = s.id and u.period = ` + v.period + `), 0) as usage
+    from subscribers s
+    where exists (select from fenced)
+      and ` + filter + `
+      and ` + population(v.start, v.end, v.cutoff) + `
+),
+src as materialized (
+    select id, usage,
+           round(monthly_fee_cents::numeric * greatest(last_day - first_day + 1, 0) / ` + v.days + `::int)::bigint + usage as amount
+    from pop
+),
+ins as (
+    insert into invoices (subscriber_id, period, amount_cents, usage_cents, ` + v.fenceColumn + `)
+    select id, ` + v.period + `, amount, usage, ` + v.fence + ` from src order by id
+    on conflict (subscriber_id, period) do nothing
+    returning subscriber_id, amount_cents
+)`
+}
+
 // sqlCommittedBatch finds a batch already recorded under this fence (a
 // retried batch whose earlier COMMIT succeeded unseen).
 //
@@ -270,8 +293,13 @@ where period = $1 and first_id = $2 and fence = $3`
 
 // sqlFinish ends the run under its fence: status $3 (COMPLETED, FAILED,
 // INTERRUPTED), last_error $4 (NULL when none) and the period's totals
-// summed from its committed batches. No row back: the fence is no longer
-// ours (a newer claim exists) or the run is no longer RUNNING.
+// summed from its committed batches, with the subscribers the reconcile
+// repaired ($6, in subscribers and invoices_created too) and the
+// population it counted ($7; NULL unless COMPLETED). No row back: the
+// fence is no longer ours (a newer claim exists) or the run is no longer
+// RUNNING. It returns the period's totals, then this claim's own batches:
+// the counts of run.completed come from here, not from the runner's
+// memory.
 //
 // A COMPLETED row also stores the id of the run's run.completed ($5), which
 // the template sends once this returns and the resumers re-publish, with the
@@ -287,14 +315,95 @@ set status           = $3,
     updated_at       = clock_timestamp(),
     batches_done     = t.batches,
     batches_total    = case when $3 = 'COMPLETED' then t.batches else r.batches_total end,
-    subscribers      = t.subscribers,
-    invoices_created = t.created,
-    already_invoiced = t.already
+    subscribers      = t.subscribers + $6::bigint,
+    invoices_created = t.created + $6::bigint,
+    already_invoiced = t.already,
+    repaired         = $6::bigint,
+    population       = $7::bigint
 from (select count(*)::integer                          as batches,
              coalesce(sum(subscribers), 0)::bigint      as subscribers,
              coalesce(sum(invoices_created), 0)::bigint as created,
-             coalesce(sum(already_invoiced), 0)::bigint as already
+             coalesce(sum(already_invoiced), 0)::bigint as already,
+             count(*) filter (where fence = $2)::bigint as fence_batches,
+             coalesce(sum(subscribers) filter (where fence = $2), 0)::bigint      as fence_subscribers,
+             coalesce(sum(invoices_created) filter (where fence = $2), 0)::bigint as fence_created,
+             coalesce(sum(already_invoiced) filter (where fence = $2), 0)::bigint as fence_already
       from bill_run_batches
       where period = $1) t
 where r.period = $1 and r.fence = $2 and r.status = 'RUNNING'
-returning r.batches_done, r.subscribers, r.invoices_created, r.already_invoiced`
+returning r.batches_done, r.subscribers, r.invoices_created, r.already_invoiced,
+          t.fence_batches, t.fence_subscribers, t.fence_created, t.fence_already`
+
+// sqlCompleteFence opens the completion transaction (complete.go): the
+// claim is still ours and stays so until it commits (FOR NO KEY UPDATE
+// conflicts with a new claim's upsert, not with the foreign keys of
+// bill_run_batches or bill_run_totals). Its settings hold for this
+// transaction only:
+//
+//   - synchronous_commit at least on: the COMMIT that makes the row
+//     COMPLETED returns only once the WAL up to it is written (and, where
+//     the server names synchronous standbys, replicated), so the completion
+//     and everything it reconciled (every batch committed before it) are
+//     durable before run.completed goes out, even on a server that
+//     acknowledges ordinary commits early (synchronous_commit=off);
+//   - idle_in_transaction_session_timeout: a paused client does not hold
+//     the row for longer (as in an adjustment);
+//   - enable_nestloop off: the reconcile's anti-join is a hash or merge
+//     join whatever the statistics say (right after a run they count none
+//     of its invoices, and a nested loop over a scan would be quadratic);
+//   - jit off: compiling a one-off count costs more than it saves.
+//
+// $1 period, $2 claim fence, $3 idle-in-transaction timeout.
+const sqlCompleteFence = `
+select set_config('synchronous_commit',
+                  case when current_setting('synchronous_commit') in ('off', 'local') then 'on'
+                       else current_setting('synchronous_commit') end, true),
+       set_config('idle_in_transaction_session_timeout', $3, true),
+       set_config('enable_nestloop', 'off', true),
+       set_config('jit', 'off', true)
+from bill_runs
+where period = $1 and fence = $2 and status = 'RUNNING'
+for no key update`
+
+// sqlReconcile counts the period's population at the run's cutoff and
+// those of it without an invoice for the period: one anti-join of the
+// subscribers against the period's invoices (found by invoices_period_brin,
+// 00016), set-based.
+//
+// $1 period, $2 period start, $3 period end, $4 cutoff.
+var sqlReconcile = `
+select count(*), count(*) filter (where i.subscriber_id is null)
+from subscribers s
+left join invoices i on i.subscriber_id = s.id and i.period = $1
+where ` + population("$2", "$3", "$4")
+
+// sqlRepair bills the population's subscribers without an invoice for the
+// period, with ids in [$3, $4], under the claim's fence: sqlBatch's fence
+// check and invoicing (the same amounts, bill_run_fence = $2), exactly once
+// (ON CONFLICT on uidx_invoices_sub_period). It returns whether the fence
+// was ours, the invoices it inserted, and their id ranges: the count and
+// the first $5. A range is a run of repaired ids with no invoice of the
+// period between them (subscribers outside the population may be).
+//
+// $1 period, $2 claim fence, $3 first id, $4 last id, $5 most ranges
+// returned, $6 period start, $7 period end, $8 cutoff, $9 billing zone,
+// $10 days in the period.
+var sqlRepair = batchFenceSQL + `,
+` + batchInvoicing.rows(`s.id between $3 and $4
+      and not exists (select from invoices i where i.subscriber_id = s.id and i.period = $1)`) + `,
+starts as (
+    select x.id, x.prev is null or exists (select from invoices i
+                                           where i.period = $1 and i.subscriber_id > x.prev and i.subscriber_id < x.id) as starts
+    from (select subscriber_id as id, lag(subscriber_id) over (order by subscriber_id) as prev from ins) x
+),
+ranges as (
+    select min(id) as first_id, max(id) as last_id
+    from (select id, count(*) filter (where starts) over (order by id) as g from starts) x
+    group by g
+),
+shown as (select first_id, last_id from ranges order by first_id limit $5)
+select (select count(*) from fenced) > 0,
+       (select count(*) from ins),
+       (select count(*) from ranges),
+       coalesce((select array_agg(first_id order by first_id) from shown), '{}'),
+       coalesce((select array_agg(last_id order by first_id) from shown), '{}')`

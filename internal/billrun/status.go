@@ -25,7 +25,10 @@ var ErrNotFound = errors.New("billrun: no bill run for the period")
 // Status is a period's bill_runs row (GET /v1/billruns/{period}). Counts
 // are the period's totals over its committed batches, so they are live while
 // the run is RUNNING: batches_committed, subscribers, invoices_created,
-// already_invoiced.
+// already_invoiced; and what the completion's reconcile found: repaired
+// (subscribers it billed, also in subscribers and invoices_created; 0
+// until COMPLETED) and, once COMPLETED, population (the population at the
+// cutoff, every one of them invoiced).
 type Status struct {
 	Period     string           `json:"period"`
 	Status     string           `json:"status"`
@@ -65,13 +68,16 @@ type Cutoff struct {
 }
 
 // Adjustments of GET /v1/billruns/{period}: the latest adjustment run's
-// status and fence, and what every adjustment run invoiced.
+// status and fence, and what every adjustment run invoiced: late usage
+// (adjustments_created, amount_cents) and subscribers the bill run had not
+// billed (invoices_created).
 type Adjustments struct {
-	Status      string     `json:"status"`
-	Fence       int64      `json:"fence"`
-	Created     int64      `json:"adjustments_created"`
-	AmountCents int64      `json:"amount_cents"`
-	FinishedAt  *time.Time `json:"finished_at,omitempty"`
+	Status          string     `json:"status"`
+	Fence           int64      `json:"fence"`
+	Created         int64      `json:"adjustments_created"`
+	AmountCents     int64      `json:"amount_cents"`
+	InvoicesCreated int64      `json:"invoices_created"`
+	FinishedAt      *time.Time `json:"finished_at,omitempty"`
 }
 
 // Progress of GET /v1/billruns/{period}: every figure comes from Postgres,
@@ -130,12 +136,15 @@ func ReadStatus(ctx context.Context, pool *pgxpool.Pool, p Period) (Status, erro
 		cStart, cEnd, cAt, aFinished    *time.Time
 		cZone, aStatus                  *string
 		aFence, aCreated, aCents        *int64
+		aInvoices                       *int64
+		repaired                        int64
+		population                      *int64
 	)
 	err := pool.QueryRow(ctx, sqlStatus, p.String()).Scan(&s.Period, &s.Status, &s.Owner, &s.Fence, &lockFence,
 		&s.Attempts, &s.StartedAt, &s.FinishedAt, &s.UpdatedAt, &s.LastError,
 		&s.RequestedBy, &s.Principal, &s.RequestID, &s.Trigger, &batches, &subs, &created, &already,
 		&total, &fenceBatches, &fenceRows, &elapsed,
-		&cStart, &cEnd, &cZone, &cAt, &aStatus, &aFence, &aCreated, &aCents, &aFinished)
+		&cStart, &cEnd, &cZone, &cAt, &aStatus, &aFence, &aCreated, &aCents, &aFinished, &aInvoices, &repaired, &population)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Status{}, fmt.Errorf("%w %s", ErrNotFound, p)
 	}
@@ -147,16 +156,21 @@ func ReadStatus(ctx context.Context, pool *pgxpool.Pool, p Period) (Status, erro
 	}
 	s.Counts = map[string]int64{
 		CountBatchesCommitted: batches,
-		CountSubscribers:      subs,
-		CountInvoicesCreated:  created,
+		CountSubscribers:      subs + repaired,
+		CountInvoicesCreated:  created + repaired,
 		CountAlreadyInvoiced:  already,
+		CountRepaired:         repaired,
+	}
+	if population != nil {
+		s.Counts[CountPopulation] = *population
 	}
 	s.Progress = progressOf(s.Status, batches, total, fenceBatches, fenceRows, elapsed)
 	if cStart != nil && cEnd != nil && cZone != nil && cAt != nil {
 		s.Cutoff = &Cutoff{Zone: *cZone, PeriodStart: *cStart, PeriodEnd: *cEnd, At: *cAt}
 	}
 	if aStatus != nil {
-		s.Adjustments = &Adjustments{Status: *aStatus, Fence: *aFence, Created: *aCreated, AmountCents: *aCents, FinishedAt: aFinished}
+		s.Adjustments = &Adjustments{Status: *aStatus, Fence: *aFence, Created: *aCreated, AmountCents: *aCents,
+			InvoicesCreated: *aInvoices, FinishedAt: aFinished}
 	}
 	return s, nil
 }

@@ -64,6 +64,10 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Now is the clock (tests). Default time.Now.
 	Now func() time.Time
+
+	// streamCheck is how often a stream pings and re-checks its session
+	// (tests shorten it). Default streamPing.
+	streamCheck time.Duration
 }
 
 // Action is a run the console may start: POST Path of the admin API with
@@ -83,6 +87,7 @@ func (c Config) withDefaults() Config {
 	c.StreamBuffer = cmp.Or(c.StreamBuffer, DefaultStreamBuffer)
 	c.StreamRate = cmp.Or(c.StreamRate, DefaultStreamRate)
 	c.PageSize = cmp.Or(c.PageSize, DefaultPageSize)
+	c.streamCheck = cmp.Or(c.streamCheck, streamPing)
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
 	}

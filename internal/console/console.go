@@ -24,6 +24,7 @@ package console
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -98,7 +99,10 @@ type Console struct {
 	static fs.FS
 
 	streams atomic.Int64
-	metrics *metrics
+	// perSession counts each session's open streams (by its id's hash).
+	perSessionMu sync.Mutex
+	perSession   map[string]int
+	metrics      *metrics
 
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -134,13 +138,14 @@ func New(cfg Config, deps Deps) (*Console, error) {
 		return nil, err
 	}
 	c := &Console{cfg: cfg, deps: deps, tokens: tokens, mux: http.NewServeMux(), pages: pages, static: static, metrics: m,
-		closing: make(chan struct{})}
+		closing: make(chan struct{}), perSession: map[string]int{}}
 	c.routes()
 	return c, nil
 }
 
 func (c *Console) routes() {
 	m := c.mux
+	m.Handle("GET /ui", http.RedirectHandler(Prefix, http.StatusMovedPermanently))
 	m.HandleFunc("GET /ui/login", c.loginForm)
 	m.HandleFunc("POST /ui/login", c.login)
 	m.HandleFunc("GET "+PathLoginCSS, c.serveStatic("console.css"))
@@ -251,8 +256,9 @@ func (c *Console) session(stream bool, next handler) http.Handler {
 }
 
 // current is the request's session, if valid: the cookie names a stored,
-// unexpired session whose token still exists here; its scopes are those it
-// had at login that the token still has.
+// unexpired session whose token still exists here with the secret it was
+// opened with; its scopes are those it had at login that the token still
+// has.
 func (c *Console) current(r *http.Request) (Session, bool) {
 	ck, err := r.Cookie(CookieName)
 	if err != nil || ck.Value == "" || len(ck.Value) > 128 {
@@ -269,7 +275,10 @@ func (c *Console) current(r *http.Request) (Session, bool) {
 		return Session{}, false
 	}
 	scopes, ok := c.tokens.Scopes(s.Principal)
-	if !ok {
+	fp, _ := c.tokens.Fingerprint(s.Principal)
+	if !ok || !equalSecret(s.CSRF, sessionCSRF(fp, ck.Value)) {
+		// The token is gone, or was rotated since the login (its name
+		// stays, its secret changed): the session ends with it.
 		return Session{}, false
 	}
 	s.Read = s.Read && scopes.Has(adminauth.Read)
@@ -297,6 +306,18 @@ func sameOrigin(r *http.Request) bool {
 
 func equalSecret(a, b string) bool {
 	return len(a) > 0 && subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1
+}
+
+// sessionCSRF is a session's CSRF token: an HMAC of the session id keyed
+// by the fingerprint (SHA-256) of the token's secret. Nobody derives it
+// without the id, which only the HttpOnly cookie holds, and it binds the
+// session to the secret that opened it: current recomputes it with the
+// token's secret of now, so a rotated token (same name, new secret) ends
+// the sessions of the old one, on every replica that runs with the new.
+func sessionCSRF(tokenFingerprint [32]byte, id string) string {
+	m := hmac.New(sha256.New, tokenFingerprint[:])
+	m.Write([]byte("coordinator-console-session\x00" + id))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 
 func hashID(id string) []byte {
@@ -367,8 +388,9 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := randomToken()
+	fp, _ := c.tokens.Fingerprint(p.Name)
 	s := Session{IDHash: hashID(id), Principal: p.Name, Read: true, Mutate: p.Scopes.Has(adminauth.Mutate),
-		CSRF: randomToken(), Expires: c.cfg.Now().Add(c.cfg.SessionTTL)}
+		CSRF: sessionCSRF(fp, id), Expires: c.cfg.Now().Add(c.cfg.SessionTTL)}
 	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 	defer cancel()
 	if err := c.deps.Sessions.CreateSession(ctx, s); err != nil {
@@ -417,7 +439,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		logins: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "coordinator_console_logins_total",
 			Help: "Console logins by result: ok, invalid_token, missing_scope, csrf."}, []string{"result"}),
 		refusal: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "coordinator_console_refusals_total",
-			Help: "Console requests refused with a session: csrf, cross_origin, missing_scope, token_in_url, too_many_streams."},
+			Help: "Console requests refused with a session: csrf, cross_origin, missing_scope, token_in_url, token_in_field, too_many_streams."},
 			[]string{"reason"}),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "coordinator_console_stream_events_dropped_total",
 			Help: "Live-tail events dropped for event streams whose reader fell behind its buffer."}),
@@ -425,7 +447,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{"ok", "invalid_token", "missing_scope", "csrf"} {
 		m.logins.WithLabelValues(r)
 	}
-	for _, r := range []string{"csrf", "cross_origin", "missing_scope", "token_in_url", "too_many_streams"} {
+	for _, r := range []string{"csrf", "cross_origin", "missing_scope", "token_in_url", "token_in_field", "too_many_streams"} {
 		m.refusal.WithLabelValues(r)
 	}
 	if reg != nil {

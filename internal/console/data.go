@@ -73,7 +73,8 @@ type Subscription interface {
 
 // TailEvent is one event of the live tail.
 type TailEvent struct {
-	// JSON is the record's value, a structured CloudEvent.
+	// JSON is the record's value, a structured CloudEvent, on one line
+	// (no CR or LF: it is one message's data line as it is).
 	JSON []byte
 	// Key is its subject (lock key), Type its type.
 	Key, Type string

@@ -628,6 +628,16 @@ func (c *Console) trigger(w http.ResponseWriter, r *http.Request, s Session) {
 		c.pages.render(w, http.StatusBadRequest, "refused", p)
 		return
 	}
+	if _, isToken := c.tokens.Authenticate(value); isToken {
+		// A token pasted into the wrong field: the value goes into the
+		// log line below and the API's answer, so it stops here, unsaid.
+		c.metrics.refused("token_in_field")
+		c.cfg.Log.Warn("console_refused", "reason", "token_in_field", "principal", s.Principal, "route", r.Pattern)
+		p := c.page("Refused", s, fmt.Sprintf("%s: that is an admin token, not a %s. It was not sent or logged; if it was exposed, rotate it.",
+			a.Label, a.Field))
+		c.pages.render(w, http.StatusBadRequest, "refused", p)
+		return
+	}
 	body, _ := json.Marshal(map[string]string{a.Field: value})
 	status, ctype, answer := c.deps.Trigger(r.Context(), s.Principal, a.Path, body)
 	c.cfg.Log.Info("console_trigger", "principal", s.Principal, "kind", a.Kind, a.Field, value, "status", status)

@@ -24,6 +24,12 @@ const (
 	streamBurst = 256
 )
 
+// MaxStreamsPerSession bounds the event streams one session holds open at
+// once (a page holds one; a browser opens at most six per host over
+// HTTP/1.1): a script or a reload loop cannot take all of
+// Config.MaxStreams from the other operators.
+const MaxStreamsPerSession = 10
+
 // stream is GET /ui/stream, Server-Sent Events:
 //
 //	event: ownership   data: one CloudEvent (ownership and run events of every replica)
@@ -38,6 +44,14 @@ func (c *Console) stream(w http.ResponseWriter, r *http.Request, s Session) {
 	key := strings.TrimSpace(q.Get("key"))
 	wantEvents := q.Get("events") != "0"
 	wantProgress := q.Get("progress") == "1"
+	if !c.holdStream(s.IDHash) {
+		c.metrics.refused("too_many_streams")
+		w.Header().Set("Retry-After", "10")
+		http.Error(w, fmt.Sprintf("this session has %d event streams open, its limit: close a console tab", MaxStreamsPerSession),
+			http.StatusTooManyRequests)
+		return
+	}
+	defer c.releaseStream(s.IDHash)
 	if n := c.streams.Add(1); n > int64(c.cfg.MaxStreams) {
 		c.streams.Add(-1)
 		c.metrics.refused("too_many_streams")
@@ -100,7 +114,7 @@ func (c *Console) stream(w http.ResponseWriter, r *http.Request, s Session) {
 	if !write("retry: 3000\nevent: hello\ndata: %s\n\n", hello) {
 		return
 	}
-	ping := time.NewTicker(streamPing)
+	ping := time.NewTicker(c.cfg.streamCheck)
 	defer ping.Stop()
 	var progress <-chan time.Time
 	if wantProgress {
@@ -152,6 +166,26 @@ func (c *Console) stream(w http.ResponseWriter, r *http.Request, s Session) {
 				}
 			}
 		}
+	}
+}
+
+// holdStream counts a stream of the session; false when it has
+// MaxStreamsPerSession already.
+func (c *Console) holdStream(session []byte) bool {
+	c.perSessionMu.Lock()
+	defer c.perSessionMu.Unlock()
+	if c.perSession[string(session)] >= MaxStreamsPerSession {
+		return false
+	}
+	c.perSession[string(session)]++
+	return true
+}
+
+func (c *Console) releaseStream(session []byte) {
+	c.perSessionMu.Lock()
+	defer c.perSessionMu.Unlock()
+	if c.perSession[string(session)]--; c.perSession[string(session)] <= 0 {
+		delete(c.perSession, string(session))
 	}
 }
 

@@ -223,6 +223,17 @@ func TestHeartbeatShowsRunsAndStopsAndTheJanitorPrunes(t *testing.T) {
 	n, err := j.Prune(ctx)
 	require.NoError(t, err)
 	require.Equal(t, int64(3), n, "the old run, the expired session, the gone replica")
+	_, err = pg.Pool.Exec(ctx, `insert into ownership_events (id, topic_partition, topic_offset, type, run_key, event_time, data)
+		values ('old', 0, 1, 'run.completed', 'billrun:2020-01', now() - interval '25 hours', '{}'),
+		       ('new', 0, 2, 'run.completed', 'billrun:2026-01', now(), '{}')`)
+	require.NoError(t, err)
+	n, err = j.Prune(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n, "the event past retention")
+	evs, err := s.RecentEvents(ctx, "", 10)
+	require.NoError(t, err)
+	require.Len(t, evs, 1)
+	require.Equal(t, "new", evs[0].ID)
 	runs, err := s.Runs(ctx, "billrun", console.RunQuery{Limit: 10})
 	require.NoError(t, err)
 	require.Len(t, runs, 1)
@@ -247,4 +258,70 @@ func TestSessionsExpire(t *testing.T) {
 	_, ok, err = s.LookupSession(ctx, []byte("a"))
 	require.NoError(t, err)
 	require.False(t, ok, "deleted")
+}
+
+// A record Postgres refuses (a NUL in text or JSON, which it never stores)
+// is dropped alone: the events and runs that came with it are kept.
+func TestAPoisonRecordIsDroppedAlone(t *testing.T) {
+	t.Parallel()
+	pg, k := testenv.Postgres(t), testenv.Kafka(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	w := consoledb.NewHistoryWriter(pg.Pool, 0, nil, consoledb.NewMetrics(nil))
+	for i := range 101 {
+		r := record(i, "billrun:2026-07")
+		if i == 50 {
+			r.Error = "a NUL \x00 Postgres refuses"
+		}
+		w.RunEnded(r)
+	}
+	w.Stop(ctx)
+	s := consoledb.NewStore(pg.Pool)
+	runs, err := s.Runs(ctx, "billrun", console.RunQuery{Key: "billrun:2026-07", Limit: 200})
+	require.NoError(t, err)
+	require.Len(t, runs, 100, "every run but the refused one")
+
+	topic := k.Topic("coordinator.ownership.events")
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...), kgo.ProducerLinger(0))
+	require.NoError(t, err)
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	_, err = adm.CreateTopic(ctx, 1, 1, nil, topic)
+	require.NoError(t, err)
+	group := "g_" + k.Suffix + "-console"
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, _ = adm.DeleteGroups(ctx, group)
+		_, _ = adm.DeleteTopics(ctx, topic)
+	})
+	key := "billrun:2026-08"
+	var recs []*kgo.Record
+	for i := range 21 {
+		e := ce(fmt.Sprintf("p%d", i), "ownership.acquired", key, "r1", map[string]any{"fence": i})
+		if i == 10 {
+			e["data"].(map[string]any)["owner"] = "nul \x00 owner" // JSON "\u0000": jsonb refuses it
+		}
+		b, err := json.Marshal(e)
+		require.NoError(t, err)
+		recs = append(recs, &kgo.Record{Topic: topic, Key: []byte(key), Value: b})
+	}
+	require.NoError(t, cl.ProduceSync(ctx, recs...).FirstErr())
+	x, err := consoledb.NewIndexer(consoledb.IndexerConfig{Brokers: k.Brokers, Topic: topic, Group: group, Pool: pg.Pool,
+		Metrics: consoledb.NewMetrics(nil)})
+	require.NoError(t, err)
+	require.NoError(t, x.Start(ctx))
+	defer x.Stop()
+	// p20 is last in the partition: once it is in, the rest was decided.
+	require.Eventually(t, func() bool {
+		var n int
+		return pg.Pool.QueryRow(ctx, `select count(*) from ownership_events where id = 'p20'`).Scan(&n) == nil && n == 1
+	}, 30*time.Second, 100*time.Millisecond, "the events after the refused one are indexed")
+	got, err := s.Events(ctx, key, 100)
+	require.NoError(t, err)
+	require.Len(t, got, 20, "every event but the refused one")
+	for _, e := range got {
+		require.NotEqual(t, "p10", e.ID)
+	}
 }

@@ -146,21 +146,14 @@ func (w *HistoryWriter) loop() {
 			}
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err := insertRuns(ctx, w.pool, batch)
+		rest, err := w.write(ctx, batch)
 		cancel()
 		if err == nil {
 			batch, wait = batch[:0], retryFirst
 			continue
 		}
+		batch = rest
 		w.metrics.failed("run_history")
-		if refused(err) {
-			// A batch Postgres refuses for what it is would block every
-			// later record: it is dropped, counted and logged.
-			w.metrics.drop("run_history", len(batch))
-			w.log.Error("run_history_write_refused", "records", len(batch), "error", err)
-			batch, wait = batch[:0], retryFirst
-			continue
-		}
 		w.log.Warn("run_history_write_failed", "records", len(batch), "retry_in_ms", wait.Milliseconds(), "error", err)
 		select {
 		case <-time.After(wait):
@@ -173,13 +166,41 @@ func (w *HistoryWriter) loop() {
 	}
 }
 
+// write stores batch in one round trip. When Postgres refuses it for
+// what a record holds (a constraint, a NUL: sending it again cannot
+// succeed), the records are written one by one and only the refused ones
+// are dropped, counted and logged: one bad record never costs the others,
+// nor blocks the records behind it. Any other error returns the records
+// not yet written, to retry.
+func (w *HistoryWriter) write(ctx context.Context, batch []owned.RunRecord) (rest []owned.RunRecord, err error) {
+	err = insertRuns(ctx, w.pool, batch)
+	if err == nil {
+		return nil, nil
+	}
+	if !refused(err) {
+		return batch, err
+	}
+	for i, r := range batch {
+		err := insertRuns(ctx, w.pool, batch[i:i+1])
+		switch {
+		case err == nil:
+		case refused(err):
+			w.metrics.drop("run_history", 1)
+			w.log.Error("run_history_write_refused", "job", r.Job, "lock_key", r.Key, "error", err)
+		default:
+			return batch[i:], err
+		}
+	}
+	return nil, nil
+}
+
 // drain puts batch back ahead of the buffer's content for the final write.
 func (w *HistoryWriter) drain(batch []owned.RunRecord) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := insertRuns(ctx, w.pool, batch); err != nil {
-		w.metrics.drop("run_history", len(batch))
-		w.log.Warn("run_history_dropped_at_stop", "records", len(batch), "error", err)
+	if rest, err := w.write(ctx, batch); err != nil {
+		w.metrics.drop("run_history", len(rest))
+		w.log.Warn("run_history_dropped_at_stop", "records", len(rest), "error", err)
 	}
 }
 

@@ -106,6 +106,11 @@ func (x *Indexer) loop(ctx context.Context) {
 		for {
 			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			err := x.insert(wctx, recs)
+			if refused(err) {
+				// Postgres refused the batch for what a record holds: each
+				// is written alone, and only those it refuses are skipped.
+				err = x.insertEach(wctx, recs)
+			}
 			cancel()
 			if err == nil {
 				break
@@ -114,13 +119,6 @@ func (x *Indexer) loop(ctx context.Context) {
 				return
 			}
 			x.cfg.Metrics.failed("ownership_events")
-			if refused(err) {
-				// Records Postgres refuses for what they are would stop the
-				// index for good: they are skipped, counted and logged.
-				x.cfg.Metrics.drop("ownership_events", len(recs))
-				x.cfg.Log.Error("events_index_refused", "records", len(recs), "error", err)
-				break
-			}
 			x.cfg.Log.Warn("events_index_write_failed", "records", len(recs), "retry_in_ms", wait.Milliseconds(), "error", err)
 			select {
 			case <-ctx.Done():
@@ -135,6 +133,26 @@ func (x *Indexer) loop(ctx context.Context) {
 		}
 		cancel()
 	}
+}
+
+// insertEach writes recs one by one: a record Postgres refuses for what it
+// is (a NUL, which text and jsonb never hold) would stop the index for
+// good, so it is skipped, counted and logged with its coordinates, and the
+// others are kept. Any other error is returned: the batch is written again
+// (an event written twice is kept once).
+func (x *Indexer) insertEach(ctx context.Context, recs []*kgo.Record) error {
+	for _, r := range recs {
+		err := x.insert(ctx, []*kgo.Record{r})
+		switch {
+		case err == nil:
+		case refused(err):
+			x.cfg.Metrics.drop("ownership_events", 1)
+			x.cfg.Log.Error("events_index_refused", "partition", r.Partition, "offset", r.Offset, "error", err)
+		default:
+			return err
+		}
+	}
+	return nil
 }
 
 const sqlInsertEvent = `

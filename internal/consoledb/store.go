@@ -1,5 +1,5 @@
 // Package consoledb keeps the console's tables in the shared PostgreSQL
-// (migrations 00020 and 00021): the run history the template writes at each
+// (migrations 00018 and 00019): the run history the template writes at each
 // run's outcome (HistoryWriter), the events of the events topic indexed by
 // one consumer group (Indexer), one heartbeat row per replica (Heartbeat),
 // the console's sessions, and their retention (Janitor). Store reads them
@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -121,18 +122,48 @@ from (select * from ownership_events where run_key = $1
       order by topic_partition desc, topic_offset desc limit $2) e
 order by topic_partition, topic_offset`
 
-// sqlRecentEvents are the newest events, of keys starting with $1.
+// sqlRecentEvents are the newest events.
 const sqlRecentEvents = `
 select id, topic_partition, topic_offset, type, run_key, coalesce(job, ''), coalesce(replica, ''), event_time,
        coalesce(reason, ''), data
 from ownership_events
-where $1 = '' or starts_with(run_key, $1)
 order by event_time desc
-limit $2`
+limit $1`
+
+// sqlRecentEventsOfPrefix are the newest events of keys in [$1, $2): the keys
+// starting with a prefix, as a byte-order range that the index
+// ownership_events_key_prefix (00020) answers.
+const sqlRecentEventsOfPrefix = `
+select id, topic_partition, topic_offset, type, run_key, coalesce(job, ''), coalesce(replica, ''), event_time,
+       coalesce(reason, ''), data
+from ownership_events
+where run_key collate "C" >= $1 and ($2 = '' or run_key collate "C" < $2)
+order by event_time desc
+limit $3`
 
 // RecentEvents implements console.Store.
 func (s *Store) RecentEvents(ctx context.Context, prefix string, limit int) ([]console.Event, error) {
-	return s.events(ctx, sqlRecentEvents, prefix, max(limit, 1))
+	if prefix == "" {
+		return s.events(ctx, sqlRecentEvents, max(limit, 1))
+	}
+	return s.events(ctx, sqlRecentEventsOfPrefix, prefix, prefixEnd(prefix), max(limit, 1))
+}
+
+// prefixEnd is the least string above every string that starts with prefix,
+// in byte (and so code point) order: prefix with its last character
+// incremented. Empty when there is none (a prefix of U+10FFFF only): no bound.
+func prefixEnd(prefix string) string {
+	r := []rune(prefix)
+	for i := len(r) - 1; i >= 0; i-- {
+		if r[i] < utf8.MaxRune {
+			r[i]++
+			if r[i] >= 0xD800 && r[i] <= 0xDFFF { // surrogates are not characters
+				r[i] = 0xE000
+			}
+			return string(r[:i+1])
+		}
+	}
+	return ""
 }
 
 // Events implements console.Store.

@@ -162,6 +162,16 @@ func TestConsoleInABrowser(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`#events`)),
 		poll(`document.getElementById('live-state').textContent.indexOf('Live') === 0`))
 
+	// The other replica's overview, loaded before the run starts: the run
+	// gets its row and bar there live, without a reload.
+	tabC, cancelC := chromedp.NewContext(tabA)
+	defer cancelC()
+	require.NoError(t, chromedp.Do(tabC), "open a third tab")
+	tab(t, tabC, 20*time.Second, chromedp.Navigate(ui2+"/ui/"), chromedp.WaitVisible(chromedp.CSS(`#inflight`)))
+	require.True(t, get(t, tabC, 5*time.Second, chromedp.Evaluate[bool](`(window.loadedBeforeTheRun = true)`)))
+	newRow := fmt.Sprintf(`document.querySelector('#inflight tr[data-key="%s"] progress')`, key)
+	require.False(t, get(t, tabC, 5*time.Second, chromedp.Evaluate[bool](newRow+` !== null`)))
+
 	// Start the bill run from replica r1's console.
 	tab(t, tabA, 10*time.Second, chromedp.SendKeys(chromedp.CSS(`#action-field`), period))
 	start := time.Now()
@@ -176,6 +186,10 @@ func TestConsoleInABrowser(t *testing.T) {
 	owner := get(t, tabB, 5*time.Second, chromedp.Text(chromedp.CSS(`#events tbody tr[data-type="ownership.acquired"] td:nth-child(4)`)))
 	require.Equal(t, "r1", owner)
 	shot(t, tabB, "events")
+	tab(t, tabC, 20*time.Second, poll(newRow+` !== null && window.loadedBeforeTheRun === true`))
+	runLink := get(t, tabC, 5*time.Second, chromedp.AttributeValue(chromedp.CSS(fmt.Sprintf(`#inflight tr[data-key="%s"] a`, key)), "href"))
+	require.Equal(t, "/ui/runs/billrun/"+period, runLink.Value, "the new row links to the run's page")
+	cancelC()
 
 	// The progress bar of the run in flight advances, live.
 	tab(t, tabA, 10*time.Second, chromedp.Navigate(ui1+"/ui/"), chromedp.WaitVisible(chromedp.CSS(`#inflight`)))
@@ -243,4 +257,9 @@ func TestConsoleInABrowser(t *testing.T) {
 	streamStatus := get(t, tabA, 10*time.Second, chromedp.Evaluate[int](`fetch('/ui/stream').then(function(r){return r.status})`,
 		chromedp.EvalAwaitPromise))
 	require.Equal(t, http.StatusUnauthorized, streamStatus)
+	// The token typed into the login form is in no replica's log.
+	require.Contains(t, strings.Join(r1.logLines(), "\n"), `"msg":"console_login"`)
+	for _, r := range []*replica{r1, r2} {
+		require.NotContains(t, strings.Join(r.logLines(), "\n"), d.token)
+	}
 }

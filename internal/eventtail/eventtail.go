@@ -12,6 +12,7 @@
 package eventtail
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -129,7 +130,8 @@ func (t *Tail) loop(ctx context.Context) {
 }
 
 // Publish fans one CloudEvent out to every subscriber without waiting for
-// any (the tail calls it per record; tests and benchmarks may too).
+// any (the tail calls it per record; tests and benchmarks may too), on one
+// line: a value spread over lines is compacted.
 func (t *Tail) Publish(value []byte) {
 	var head struct {
 		Type    string `json:"type"`
@@ -137,6 +139,15 @@ func (t *Tail) Publish(value []byte) {
 	}
 	if err := json.Unmarshal(value, &head); err != nil || head.Type == "" {
 		return
+	}
+	// A stream message is one line of data: a producer's line breaks
+	// (valid JSON whitespace) would tear it in two.
+	if bytes.ContainsAny(value, "\r\n") {
+		var one bytes.Buffer
+		if json.Compact(&one, value) != nil {
+			return
+		}
+		value = one.Bytes()
 	}
 	ev := console.TailEvent{JSON: value, Key: head.Subject, Type: head.Type}
 	t.mu.RLock()

@@ -232,8 +232,10 @@ func (a *API) routes() {
 		m.Handle("GET /metrics", a.cfg.Metrics)
 	}
 	if a.cfg.Console != nil {
+		// /ui too: the console's answer to it (a redirect to /ui/) carries
+		// its security headers like every other.
 		m.Handle("/ui/", a.cfg.Console)
-		m.Handle("GET /ui", http.RedirectHandler("/ui/", http.StatusMovedPermanently))
+		m.Handle("/ui", a.cfg.Console)
 	}
 	m.Handle("GET /v1/locks", a.auth(adminauth.Read, a.getLocks))
 	m.Handle("GET /v1/health", a.auth(adminauth.Read, a.getHealth))

@@ -789,3 +789,24 @@ func TestTriggerAnswersLikeThePost(t *testing.T) {
 	code, _, _ = b.api.Trigger(ctx, "console-ops", "/v1/nothing", nil)
 	require.Equal(t, http.StatusNotFound, code)
 }
+
+// Every /ui path is the console's to answer, /ui itself included: its
+// answers carry the console's security headers (CSP on redirects too).
+func TestEveryUIPathGoesToTheConsole(t *testing.T) {
+	t.Parallel()
+	var seen []string
+	b := setup(t, func(c *httpapi.Config) {
+		c.Console = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			seen = append(seen, r.Method+" "+r.URL.Path)
+			w.Header().Set("Content-Security-Policy", "default-src 'none'")
+			http.Redirect(w, r, "/ui/login", http.StatusSeeOther)
+		})
+	})
+	for _, p := range []string{"/ui", "/ui/", "/ui/locks"} {
+		for _, m := range []string{"GET", "POST"} {
+			r := b.do(t, m, p, "")
+			require.Equal(t, "default-src 'none'", r.header.Get("Content-Security-Policy"), "%s %s", m, p)
+		}
+	}
+	require.Len(t, seen, 6)
+}

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -171,4 +172,84 @@ func TestCompletedEventAtIsSetForRowsCompletedBeforeIt(t *testing.T) {
 	require.True(t, got["2026-09"].Equal(time.Date(2026, 10, 1, 3, 0, 0, 0, time.UTC)), "set to finished_at: %s", got["2026-09"])
 	require.NotNil(t, got["2026-10"], "a COMPLETED row without finished_at is taken as published too")
 	require.Nil(t, got["2026-11"], "a run not COMPLETED has no acknowledged run.completed")
+}
+
+// Rows that can never be right are refused where they enter (00017), with
+// the constraint's name; rows that are right pass. (Before, each of the
+// refused inserts was accepted: a 0-day invoice, a negative invoice, usage
+// nobody billed.)
+func TestBadDataIsRefusedNamingTheConstraint(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pg := testenv.Postgres(t)
+	for _, q := range []string{
+		`insert into subscribers (id, status, monthly_fee_cents, activated_at, deactivated_at) values (1, 'ACTIVE', 1000, '2026-11-10', '2026-11-10')`,
+		`insert into subscribers (id, status, monthly_fee_cents, activated_at) values (2, 'ACTIVE', 1000, '2026-11-10')`,
+		`insert into subscribers (id, status, monthly_fee_cents, deactivated_at) values (3, 'TERMINATED', 1000, '2026-11-10')`,
+		`insert into usage_charges (subscriber_id, period, amount_cents) values (1, '2026-11', 0)`,
+	} {
+		_, err := pg.Pool.Exec(ctx, q)
+		require.NoError(t, err, q)
+	}
+	for _, c := range []struct {
+		sql, code, constraint string
+	}{
+		{`insert into subscribers (id, status, monthly_fee_cents, activated_at, deactivated_at) values (4, 'ACTIVE', 1000, '2026-11-10', '2026-11-09')`,
+			"23514", "subscribers_deactivated_after_activated"},
+		{`update subscribers set deactivated_at = '2026-11-01' where id = 2`, "23514", "subscribers_deactivated_after_activated"},
+		{`insert into usage_charges (subscriber_id, period, amount_cents) values (1, '2026-11', -99000)`, "23514", "usage_charges_amount_non_negative"},
+		{`insert into usage_charges (subscriber_id, period, amount_cents) values (404, '2026-11', 10)`, "23503", "usage_charges_subscriber_fk"},
+		{`delete from subscribers where id = 1`, "23503", "usage_charges_subscriber_fk"},
+	} {
+		_, err := pg.Pool.Exec(ctx, c.sql)
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr, c.sql)
+		require.Equal(t, c.code, pgErr.Code, c.sql)
+		require.Equal(t, c.constraint, pgErr.ConstraintName, c.sql)
+	}
+}
+
+// Rows already there that break a rule of 00017 stop it before anything
+// changes, naming the rule, the count and the first ids; once they are
+// corrected it applies.
+func TestBadRowsStopTheConstraintsMigration(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pg := testenv.PostgresEmpty(t)
+	m, err := migrate.New(pg.Pool)
+	require.NoError(t, err)
+	defer m.Close()
+	_, err = m.UpTo(ctx, 16)
+	require.NoError(t, err)
+	_, err = pg.Pool.Exec(ctx, `
+		insert into subscribers (id, status, monthly_fee_cents, activated_at, deactivated_at) values
+		    (1, 'TERMINATED', 1000, '2026-11-10', '2026-11-01'), (2, 'ACTIVE', 1000, null, null), (3, 'TERMINATED', 1000, '2026-11-10', '2026-11-09');
+		insert into usage_charges (id, subscriber_id, period, amount_cents) values (10, 2, '2026-11', -5), (11, 2, '2026-11', 5), (12, 99, '2026-11', 7)`)
+	require.NoError(t, err)
+
+	for _, step := range []struct {
+		want []string
+		fix  string
+	}{
+		{[]string{"2 subscriber(s) have deactivated_at before activated_at (ids 1, 3)", "subscribers_deactivated_after_activated"},
+			`update subscribers set deactivated_at = null where id in (1, 3)`},
+		{[]string{"1 usage_charges row(s) have a negative amount_cents (ids 10)", "usage_charges_amount_non_negative"},
+			`delete from usage_charges where id = 10`},
+		{[]string{"1 usage_charges row(s) belong to no subscriber (ids 12)", "usage_charges_subscriber_fk"},
+			`insert into subscribers (id, status, monthly_fee_cents) values (99, 'ACTIVE', 0)`},
+	} {
+		_, err := m.Up(ctx)
+		require.Error(t, err)
+		for _, w := range step.want {
+			require.Contains(t, err.Error(), w)
+		}
+		var n int
+		require.NoError(t, pg.Pool.QueryRow(ctx, `select count(*) from pg_constraint where connamespace = current_schema()::regnamespace and conname in ('usage_charges_subscriber_fk', 'usage_charges_amount_non_negative', 'subscribers_deactivated_after_activated')`).Scan(&n))
+		require.Zero(t, n, "nothing of 00017 is applied")
+		_, err = pg.Pool.Exec(ctx, step.fix)
+		require.NoError(t, err)
+	}
+	applied, err := m.Up(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(17), applied[0].Version)
 }

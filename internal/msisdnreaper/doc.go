@@ -73,6 +73,15 @@
 // MinHold, or a replica that waits will sweep (an empty table) once the hold
 // ends.
 //
+// # Counts
+//
+// A sweep's freed is the sum of what its batch statements reported (the
+// rows each UPDATE returned), never an assumption about a batch: a batch
+// whose answer was lost (the connection broke after it committed) freed
+// rows no count includes, and fails the sweep. A replenishment's added and
+// existing are what its statements reported: the distinct numbers offered
+// and those the INSERT inserted.
+//
 // # What happens on failure
 //
 //   - Lock backend unreachable: outcome unavailable, event

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/telco-platform/coordinator/internal/job"
@@ -357,15 +356,18 @@ type Replenished struct {
 	Existing int64 `json:"existing"`
 }
 
+// The replenish statements report what they did: the distinct numbers
+// offered and those inserted (the rest were in the pool already), so the
+// counts are the database's.
 const (
 	sqlReplenishRange = `
-insert into msisdn_pool (msisdn)
-select lpad(($1::bigint + g)::text, $3::int, '0') from generate_series(0::bigint, $2::bigint - 1) g
-on conflict (msisdn) do nothing`
+with offered as (select lpad(($1::bigint + g)::text, $3::int, '0') as m from generate_series(0::bigint, $2::bigint - 1) g),
+ins as (insert into msisdn_pool (msisdn) select m from offered on conflict (msisdn) do nothing returning 1)
+select (select count(*) from offered), (select count(*) from ins)`
 	sqlReplenishList = `
-insert into msisdn_pool (msisdn)
-select distinct m from unnest($1::text[]) m
-on conflict (msisdn) do nothing`
+with offered as (select distinct m from unnest($1::text[]) m),
+ins as (insert into msisdn_pool (msisdn) select m from offered on conflict (msisdn) do nothing returning 1)
+select (select count(*) from offered), (select count(*) from ins)`
 )
 
 // Replenish adds numbers as FREE, in one transaction, while holding the lock
@@ -393,26 +395,21 @@ func (p *Pool) Replenish(ctx context.Context, numbers ...Numbers) (Replenished, 
 			var offered int64
 			for _, n := range numbers {
 				var (
-					tag pgconn.CommandTag
-					err error
+					o, added int64
+					err      error
 				)
 				if n.list != nil {
-					uniq := map[string]struct{}{}
-					for _, m := range n.list {
-						uniq[m] = struct{}{}
-					}
-					offered += int64(len(uniq))
-					tag, err = tx.Exec(ctx, sqlReplenishList, n.list)
+					err = tx.QueryRow(ctx, sqlReplenishList, n.list).Scan(&o, &added)
 				} else if n.first != "" {
 					size, _ := n.validate()
-					offered += size
 					first, _ := strconv.ParseInt(n.first, 10, 64)
-					tag, err = tx.Exec(ctx, sqlReplenishRange, first, size, len(n.first))
+					err = tx.QueryRow(ctx, sqlReplenishRange, first, size, len(n.first)).Scan(&o, &added)
 				}
 				if err != nil {
 					return fmt.Errorf("msisdnreaper: replenish: %w", err)
 				}
-				res.Added += tag.RowsAffected()
+				offered += o
+				res.Added += added
 			}
 			res.Existing = offered - res.Added
 			return nil

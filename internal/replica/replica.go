@@ -385,7 +385,11 @@ func (r *Replica) startLock(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, StartupTimeout)
 	defer cancel()
 	locker, err := r.rc.OpenLocker(ctx, r.cfg, r.log, r.reg)
-	if err != nil {
+	var cfgErr *config.Error
+	switch {
+	case errors.As(err, &cfgErr): // a Redis that may evict lock keys: no retry fixes it
+		return failed(job.ExitUsage, err)
+	case err != nil:
 		return failed(job.ExitUnavailable, err)
 	}
 	r.locker = locker

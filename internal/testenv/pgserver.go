@@ -29,16 +29,23 @@ type PostgresServer struct {
 	port int
 	cred *syscall.Credential // the postgres OS user when we are root
 	proc *child
+	// settings are the test's own server settings (name=value), after
+	// the defaults: a later -c wins.
+	settings []string
 }
 
 // StartPostgresServer initialises a throwaway cluster (trust auth, user
 // postgres, no fsync) and starts it; it returns once the server accepts
-// connections.
-func StartPostgresServer(t testing.TB) *PostgresServer {
+// connections. settings ("name=value") are set after the defaults, e.g.
+// "synchronous_commit=off" for a server that loses acknowledged commits at
+// an immediate shutdown (Kill). By default it loses none: fsync is off,
+// which only matters if the machine crashes, and synchronous_commit is on,
+// so a commit is written to the kernel before it is acknowledged.
+func StartPostgresServer(t testing.TB, settings ...string) *PostgresServer {
 	t.Helper()
 	bin := Binary(t, EnvPGBinDir, "/usr/lib/postgresql/15/bin")
 	Binary(t, "", filepath.Join(bin, "postgres"))
-	s := &PostgresServer{t: t, bin: bin}
+	s := &PostgresServer{t: t, bin: bin, settings: settings}
 	if os.Geteuid() == 0 { // Postgres refuses to run as root
 		u, err := user.Lookup("postgres")
 		if err != nil {
@@ -105,10 +112,14 @@ func (s *PostgresServer) Start() {
 	if s.proc != nil {
 		return
 	}
-	cmd := s.command("postgres", "-D", s.data, "-p", strconv.Itoa(s.port),
+	args := []string{"-D", s.data, "-p", strconv.Itoa(s.port),
 		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
-		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
-		"-c", "lc_messages=C", "-c", "logging_collector=off")
+		"-c", "fsync=off", "-c", "full_page_writes=off",
+		"-c", "lc_messages=C", "-c", "logging_collector=off"}
+	for _, kv := range s.settings {
+		args = append(args, "-c", kv)
+	}
+	cmd := s.command("postgres", args...)
 	// If we die: the postmaster's immediate shutdown, which takes its
 	// backends down with it and removes its shared memory.
 	cmd.SysProcAttr.Pdeathsig = syscall.SIGQUIT

@@ -1,6 +1,7 @@
 // The console's live parts, on top of pages that work without this file:
 // the events page's live tail (Server-Sent Events from /ui/stream, with a
-// key filter and a pause) and the progress bars of the runs in flight.
+// key filter and a pause) and the progress bars of the runs in flight (on
+// the overview, runs that start after the page loaded get a row too).
 // No framework, no build step; served by the console (CSP script-src 'self').
 "use strict";
 (function () {
@@ -89,16 +90,66 @@
     es.onerror = function () { say("Reconnecting…"); };
   }
 
+  // fmtDur is the server's duration format (pages.go fmtDur).
+  function fmtDur(ms) {
+    if (ms < 0) return "—";
+    if (ms < 1000) return Math.floor(ms) + "ms";
+    var s = ms / 1000;
+    if (s < 60) return s.toFixed(1) + "s";
+    var pad = function (n) { return (n < 10 ? "0" : "") + n; };
+    if (s < 3600) return Math.floor(s / 60) + "m" + pad(Math.floor(s) % 60) + "s";
+    return Math.floor(s / 3600) + "h" + pad(Math.floor(s / 60) % 60) + "m";
+  }
+
+  // inflightRow is the overview's row of a run that started after the page
+  // loaded, with the cells the server renders (its bar is filled below).
+  function inflightRow(r) {
+    var tr = document.createElement("tr");
+    tr.setAttribute("data-key", text(r.key));
+    var td = cell(tr, "");
+    var a = document.createElement("a");
+    var key = text(r.key), job = text(r.job);
+    a.href = job && key.indexOf(job + ":") === 0
+      ? "/ui/runs/" + encodeURIComponent(job) + "/" + encodeURIComponent(key.slice(job.length + 1))
+      : runLink(key);
+    a.textContent = key;
+    td.appendChild(a);
+    cell(tr, r.replica);
+    cell(tr, r.fence);
+    cell(tr, text(r.trigger) + (r.requested_by ? " by " + r.requested_by : ""));
+    cell(tr, text(r.started).replace("T", " ").replace(/\.[0-9]+/, ""));
+    var p = cell(tr, "");
+    var bar = document.createElement("progress");
+    bar.max = 100;
+    p.appendChild(bar);
+    p.appendChild(document.createTextNode(" "));
+    var span = document.createElement("span");
+    span.className = "progress-text";
+    p.appendChild(span);
+    cell(tr, "", "rate");
+    cell(tr, "", "eta");
+    return tr;
+  }
+
   function liveProgress(table) {
+    var tbody = table.tBodies[0];
+    var addRuns = table.hasAttribute("data-add-runs");
     var es = new EventSource("/ui/stream?events=0&progress=1");
     es.addEventListener("progress", function (m) {
       var runs = JSON.parse(m.data);
       runs.forEach(function (r) {
         var row = null;
-        Array.prototype.forEach.call(table.tBodies[0].rows, function (tr) {
+        Array.prototype.forEach.call(tbody.rows, function (tr) {
           if (tr.getAttribute("data-key") === r.key) row = tr;
         });
-        if (!row) return;
+        if (!row) {
+          if (!addRuns) return;
+          var empty = tbody.querySelector("tr.empty");
+          if (empty) empty.remove();
+          row = inflightRow(r);
+          tbody.appendChild(row);
+        }
+        row.classList.remove("ended");
         var bar = row.querySelector("progress");
         var txt = row.querySelector(".progress-text");
         if (r.percent >= 0) {
@@ -109,18 +160,15 @@
           txt.textContent = r.batches + " batches, total not known yet";
         }
         row.querySelector(".rate").textContent = r.rows_per_s.toFixed(1) + " rows/s";
-        row.querySelector(".eta").textContent = r.eta_ms >= 0 ? (r.eta_ms / 1000).toFixed(1) + "s" : "—";
+        row.querySelector(".eta").textContent = fmtDur(r.eta_ms);
         row.setAttribute("data-percent", text(r.percent));
       });
       var live = {};
       runs.forEach(function (r) { live[r.key] = 1; });
-      Array.prototype.forEach.call(table.tBodies[0].rows, function (tr) {
+      Array.prototype.forEach.call(tbody.rows, function (tr) {
         var k = tr.getAttribute("data-key");
         if (k && !live[k]) tr.classList.add("ended");
       });
-      if (runs.some(function (r) { return !table.querySelector('tr[data-key="' + CSS.escape(r.key) + '"]'); })) {
-        table.setAttribute("data-new-runs", "1"); // a run started after this page: reload shows it
-      }
     });
     es.addEventListener("bye", function () { es.close(); });
   }

@@ -44,6 +44,14 @@ type Config struct {
 	WaitReplicas int
 	// ReplicaTimeout bounds each WAIT. Default 200ms.
 	ReplicaTimeout time.Duration
+	// MinTrust is how long an acquisition must still be trusted for when
+	// its reply arrives. One that comes back later (Redis stalled, the
+	// reply was slow) is given back at once, deleted by its token, and the
+	// wait goes on within WaitTime. Default 0: only an acquisition already
+	// past its trust deadline is given back. A holder that needs time to
+	// stop its work before the deadline (coordinator lock: the grace and
+	// the kill margin) sets that.
+	MinTrust time.Duration
 	// Logger receives lease losses and renewal trouble. Default: discard.
 	Logger *slog.Logger
 	// Metrics receives the coordinator_lock_* series. Default none.
@@ -83,6 +91,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("redislock: Config.WatchdogTimeout %s is below 30ms", c.WatchdogTimeout)
 	case c.WaitReplicas < ReplicasNone:
 		return fmt.Errorf("redislock: Config.WaitReplicas %d: must be -1 (none), 0 (auto) or a count", c.WaitReplicas)
+	case c.MinTrust < 0:
+		return fmt.Errorf("redislock: Config.MinTrust %s is negative", c.MinTrust)
 	case c.ReplicaTimeout < 0 || c.ReplicaTimeout >= DefaultReadTimeout:
 		return fmt.Errorf("redislock: Config.ReplicaTimeout %s: must be positive and below the read timeout %s", c.ReplicaTimeout, DefaultReadTimeout)
 	case c.Layout != LayoutCoordinator && c.Layout != LayoutRedisson:
@@ -262,14 +272,18 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 	}
 
 	ttl := cmp.Or(lease, l.cfg.WatchdogTimeout)
+	if l.cfg.MinTrust > 0 && l.cfg.MinTrust >= ttl-ownership.SafetyMargin(ttl) {
+		return nil, fmt.Errorf("%w: a lease of %s for %q is never trusted for Config.MinTrust %s", ownership.ErrInvalidKey, ttl, key, l.cfg.MinTrust)
+	}
 	deadline := start.Add(l.cfg.WaitTime)
-	token := l.id + ":" + strconv.FormatUint(l.tokenSeq.Add(1), 36)
+	token := l.newToken()
 	ttlMS := max(ttl.Milliseconds(), 1)
 
 	w, q := l.enqueue(key)
 	defer l.dequeue(key, w, q)
 	owner := ""
 	answered := false // Redis has said at least once that the lock is held
+	var late error    // the last acquisition came back too late to trust
 	watching := false
 	for {
 		if w.attempt(&l.wmu) {
@@ -290,39 +304,53 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 				}
 				return nil, ownership.Unavailable(key, err)
 			}
-			if res.acquired {
+			switch {
+			case res.acquired && l.tooLate(sent, ttl):
+				// Trusted for too short a time, or not at all: give it back
+				// and ask again at once, with a new token (a resend of this
+				// acquisition still in flight finds no lock of its token).
+				q.setQueued(&l.wmu, false)
+				late = l.giveBack(key, token, res.fence, sent)
+				token = l.newToken()
+				w.fallback = 0
+			case res.acquired:
 				q.setQueued(&l.wmu, false)
 				le := l.grant(ctx, key, token, res.fence, lease == 0, ttl, sent)
 				w.acquired(&l.wmu, ttl)
 				return le, nil
-			}
-			answered = true
-			q.setQueued(&l.wmu, res.queued)
-			if res.owner != "" {
-				owner = res.owner
-				q.seen(&l.wmu, owner)
-			}
-			w.fallback = min(time.Duration(res.pttl)*time.Millisecond, l.poll)
-			if !watching {
-				// A holder's release may come from a Redisson client: listen
-				// to its unlock channel from now on (redisson layout).
-				watching = true
-				if stop := l.watchRedisson(key); stop != nil {
-					defer stop()
+			default:
+				late = nil
+				answered = true
+				q.setQueued(&l.wmu, res.queued)
+				if res.owner != "" {
+					owner = res.owner
+					q.seen(&l.wmu, owner)
 				}
-			}
-			switch {
-			case res.pttl < 0: // no TTL (never set by us) or just vanished
-				w.fallback = time.Millisecond
-			case res.reserved != "":
-				// Reserved for another waiting Locker, which takes it within a
-				// round trip; ask again once the reservation would have
-				// lapsed, in case that Locker died.
-				w.fallback = time.Duration(res.pttl+1) * time.Millisecond
+				w.fallback = min(time.Duration(res.pttl)*time.Millisecond, l.poll)
+				if !watching {
+					// A holder's release may come from a Redisson client: listen
+					// to its unlock channel from now on (redisson layout).
+					watching = true
+					if stop := l.watchRedisson(key); stop != nil {
+						defer stop()
+					}
+				}
+				switch {
+				case res.pttl < 0: // no TTL (never set by us) or just vanished
+					w.fallback = time.Millisecond
+				case res.reserved != "":
+					// Reserved for another waiting Locker, which takes it within a
+					// round trip; ask again once the reservation would have
+					// lapsed, in case that Locker died.
+					w.fallback = time.Duration(res.pttl+1) * time.Millisecond
+				}
 			}
 		}
 		remaining := time.Until(deadline)
-		if remaining <= 0 {
+		switch {
+		case remaining <= 0 && late != nil:
+			return nil, ownership.Unavailable(key, late)
+		case remaining <= 0:
 			return nil, ownership.AlreadyOwned(key, cmp.Or(owner, q.lastOwner(&l.wmu)), nil)
 		}
 		timer := time.NewTimer(min(w.fallback, remaining))
@@ -408,6 +436,37 @@ func fenceOf(f string) (int64, error) {
 		return 0, fmt.Errorf("redislock: acquire script returned fence %q", f)
 	}
 	return n, nil
+}
+
+// ErrAcquiredTooLate: the acquisition's reply came back with less than
+// Config.MinTrust left before its trust deadline (or past it), every time
+// until the wait ran out; each was given back.
+var ErrAcquiredTooLate = errors.New("redislock: acquisition answered too late to trust")
+
+func (l *Locker) newToken() string {
+	return l.id + ":" + strconv.FormatUint(l.tokenSeq.Add(1), 36)
+}
+
+// tooLate reports whether an acquisition sent at sent, answered now, leaves
+// less than MinTrust before its trust deadline.
+func (l *Locker) tooLate(sent time.Time, ttl time.Duration) bool {
+	return !time.Now().Add(l.cfg.MinTrust).Before(ownership.TrustDeadline(sent, ttl))
+}
+
+// giveBack deletes the lock an acquisition that came back too late wrote,
+// by its token, before the wait goes on; in the background if Redis does
+// not answer now (its TTL is the backstop). It returns the error the wait
+// ends with if it runs out meanwhile.
+func (l *Locker) giveBack(key, token string, fence int64, sent time.Time) error {
+	took := time.Since(sent)
+	l.log.Warn("lock_acquired_too_late", "lock_key", key, "fence", fence, "reply_ms", took.Milliseconds(),
+		"min_trust_ms", l.cfg.MinTrust.Milliseconds(), "detail", "given back; waiting on")
+	ctx, cancel := context.WithTimeout(l.runCtx, cleanupTimeout)
+	defer cancel()
+	if _, err := l.runRelease(ctx, key, token, 0); err != nil {
+		l.cleanup(key, token, 0)
+	}
+	return fmt.Errorf("%w: fence %d answered after %s", ErrAcquiredTooLate, fence, took.Round(time.Millisecond))
 }
 
 func later(a, b time.Time) time.Time {

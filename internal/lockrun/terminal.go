@@ -1,6 +1,7 @@
-package main
+package lockrun
 
 import (
+	"io"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -18,11 +19,11 @@ type terminal struct {
 	mirrorStops bool
 }
 
-// controllingTerminal returns the first of cio's streams that is our
+// controllingTerminal returns the first of the streams that is our
 // controlling terminal, or nil when none is (pipes, files, another session's
 // terminal).
-func controllingTerminal(cio cliIO) *terminal {
-	for _, s := range []any{cio.stdin, cio.stdout, cio.stderr} {
+func controllingTerminal(stdin io.Reader, stdout, stderr io.Writer) *terminal {
+	for _, s := range []any{stdin, stdout, stderr} {
 		if f, ok := s.(*os.File); ok {
 			if t := asTerminal(f); t != nil {
 				return t

@@ -1,4 +1,4 @@
-package main
+package lockrun
 
 import (
 	"io"
@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// commandIO is the locked command's stdin, stdout and stderr. cio's own
+// commandIO is the locked command's stdin, stdout and stderr. The given
 // streams are passed on when they are files (the real process); other
 // readers and writers (an embedding caller, tests) are connected through
 // pipes copied in the background.
@@ -23,16 +23,16 @@ type commandIO struct {
 // pipe open forever).
 const copyDrain = 2 * time.Second
 
-func commandFiles(cio cliIO) (*commandIO, error) {
+func commandFiles(stdin io.Reader, stdout, stderr io.Writer) (*commandIO, error) {
 	c := &commandIO{}
-	in, err := c.input(cio.stdin)
+	in, err := c.input(stdin)
 	if err != nil {
 		c.started()
 		c.finish()
 		return nil, err
 	}
 	c.files = append(c.files, in)
-	for _, w := range []io.Writer{cio.stdout, cio.stderr} {
+	for _, w := range []io.Writer{stdout, stderr} {
 		f, err := c.output(w)
 		if err != nil {
 			c.started()

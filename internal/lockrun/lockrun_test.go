@@ -1,0 +1,181 @@
+package lockrun
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/telco-platform/coordinator/internal/ownership"
+)
+
+// The command's environment: what removed reports is gone unless --pass-env
+// names it; the lock's own variables replace inherited ones; the rest is
+// kept as it was, in order.
+func TestCommandEnv(t *testing.T) {
+	t.Parallel()
+	removed := func(name string) bool { return strings.HasPrefix(name, "SECRET_") }
+	env := commandEnv([]string{
+		"PATH=/bin", "SECRET_A=1", "SECRET_B=2", "COORDINATOR_LOCK_KEY=outer", "KEEP=x=y", "COORDINATOR_LOCK_FENCE=1",
+	}, removed, []string{"SECRET_B"}, "k", "me", 42)
+	require.Equal(t, []string{
+		"PATH=/bin", "SECRET_B=2", "KEEP=x=y",
+		"COORDINATOR_LOCK_KEY=k", "COORDINATOR_LOCK_OWNER=me", "COORDINATOR_LOCK_FENCE=42",
+	}, env)
+	require.Len(t, commandEnv([]string{"SECRET_A=1"}, nil, nil, "k", "me", 1), 4, "nil removes nothing")
+}
+
+func TestLockGraceFit(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name     string
+		lease    time.Duration // 0: watchdog
+		ttl      time.Duration
+		grace    time.Duration // 0: not given
+		want     time.Duration
+		refusing bool
+	}{
+		{"watchdog default shrinks to what fits", 0, 30 * time.Second, 0, 30*time.Second/3 - 1502*time.Millisecond - 500*time.Millisecond, false},
+		{"watchdog long enough for 10s", 0, 40 * time.Second, 0, 10 * time.Second, false},
+		{"watchdog given too long", 0, 30 * time.Second, 10 * time.Second, 0, true},
+		{"explicit default is half of what fits", 10 * time.Second, 10 * time.Second, 0, (10*time.Second - 502*time.Millisecond - 500*time.Millisecond) / 2, false},
+		{"explicit long lease keeps 10s", time.Hour, time.Hour, 0, 10 * time.Second, false},
+		{"explicit given fits", 4 * time.Second, 4 * time.Second, time.Second, time.Second, false},
+		{"explicit grace leaving no run time", 2 * time.Second, 2 * time.Second, 1698 * time.Millisecond, 0, true},
+		{"explicit 2s lease, 5s grace", 2 * time.Second, 2 * time.Second, 5 * time.Second, 0, true},
+	} {
+		a := Args{Grace: defaultGrace, Lease: c.lease}
+		if c.grace > 0 {
+			a.Grace, a.GraceSet = c.grace, true
+		}
+		got, err := fitGrace(a, c.ttl, c.lease == 0)
+		if c.refusing {
+			require.Error(t, err, c.name)
+			continue
+		}
+		require.NoError(t, err, c.name)
+		require.Equal(t, c.want, got, c.name)
+	}
+}
+
+func TestParseArgs(t *testing.T) {
+	t.Parallel()
+	a, err := ParseArgs([]string{"--key", "k", "--lease=5s", "--log-level", "warn", "--wait", "0", "--pass-env", "PGPASSWORD",
+		"--lock-enabled=false", "--pass-env=REDIS_URL", "--", "sh", "-c", "exit 3"})
+	require.NoError(t, err)
+	require.Equal(t, []string{"PGPASSWORD", "REDIS_URL"}, a.PassEnv)
+	require.Equal(t, "k", a.Key)
+	require.Equal(t, 5*time.Second, a.Lease)
+	require.True(t, a.WaitSet)
+	require.Zero(t, a.Wait)
+	require.False(t, a.GraceSet)
+	require.Equal(t, defaultGrace, a.Grace)
+	require.Equal(t, []string{"--log-level", "warn", "--lock-enabled=false"}, a.Config)
+	require.Equal(t, []string{"sh", "-c", "exit 3"}, a.Argv)
+
+	for _, bad := range [][]string{
+		{"--", "true"},
+		{"--key", "k"},
+		{"--key", "k", "--"},
+		{"--key", "bad key", "--", "true"},
+		{"--key", "k", "--lease", "soon", "--", "true"},
+		{"--key", "k", "--grace", "-1s", "--", "true"},
+		{"--key", "k", "stray", "--", "true"},
+		{"--key", "k", "--pass-env", "1X", "--", "true"},
+		{"--key", "k", "--pass-env", "A=B", "--", "true"},
+		{"--key", "k", "--pass-env", "COORDINATOR_LOCK_FENCE", "--", "true"},
+		{"--key", "k", "--pass-env", "--", "true"},
+	} {
+		_, err := ParseArgs(bad)
+		require.Error(t, err, "%q", bad)
+	}
+}
+
+// Run in this process, on the in-memory Locker: the command sees the
+// lock's variables, its exit status is Run's, and the lock is released
+// when it ends.
+func TestRunInProcess(t *testing.T) {
+	locker := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "in-process"})
+	t.Cleanup(func() { _ = locker.Close() })
+	a, err := ParseArgs([]string{"--key", "inproc", "--", "sh", "-c", `echo "$COORDINATOR_LOCK_KEY $COORDINATOR_LOCK_OWNER"; exit 7`})
+	require.NoError(t, err)
+	var out, errs bytes.Buffer
+	code := Run(context.Background(), Config{
+		Args: a, WatchdogTimeout: 30 * time.Second,
+		Open:   func(context.Context, time.Duration) (ownership.Locker, error) { return unclosable{locker}, nil },
+		Stdout: &out, Stderr: &errs,
+		Environ: []string{"PATH=" + os.Getenv("PATH")},
+	})
+	require.Equal(t, 7, code, errs.String())
+	require.Equal(t, "inproc in-process\n", out.String())
+	le, err := locker.Acquire(context.Background(), "inproc", 0)
+	require.NoError(t, err, "released when the command ended")
+	require.NoError(t, le.Release(context.Background()))
+}
+
+// unclosable keeps Run's Close from closing the test's Locker.
+type unclosable struct{ ownership.Locker }
+
+func (unclosable) Close() error { return nil }
+
+// --pass-env of a variable the command gets anyway is a mistake (a typo,
+// most likely): refused before anything is locked.
+func TestRunRefusesAPassEnvThatRemovesNothing(t *testing.T) {
+	t.Parallel()
+	a, err := ParseArgs([]string{"--key", "k", "--pass-env", "HOME", "--", "true"})
+	require.NoError(t, err)
+	var errs bytes.Buffer
+	opened := false
+	code := Run(context.Background(), Config{
+		Args: a, WatchdogTimeout: 30 * time.Second, Stderr: &errs,
+		Removed: func(name string) bool { return name == "SECRET" },
+		Open:    func(context.Context, time.Duration) (ownership.Locker, error) { opened = true; return nil, nil },
+	})
+	require.Equal(t, 64, code)
+	require.Contains(t, errs.String(), "--pass-env HOME")
+	require.False(t, opened, "nothing was locked")
+}
+
+// The wait budget covers an unavailable backend: asked again with backoff
+// until it answers, and no longer than the budget; a zero wait is one try;
+// a lock held past the budget is already owned, not unavailable.
+func TestAcquireWithin(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	log := slog.New(slog.DiscardHandler)
+	newLocker := func() *ownership.MemoryLocker {
+		l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "me", WaitTime: 300 * time.Millisecond})
+		t.Cleanup(func() { _ = l.Close() })
+		return l
+	}
+
+	l := newLocker()
+	l.SetUnavailable(true)
+	_, err := acquireWithin(ctx, l, "k", 0, 0, log)
+	require.ErrorIs(t, err, ownership.ErrUnavailable, "--wait 0: one try")
+
+	back := time.AfterFunc(400*time.Millisecond, func() { l.SetUnavailable(false) })
+	t.Cleanup(func() { back.Stop() })
+	le, err := acquireWithin(ctx, l, "k", 0, 30*time.Second, log)
+	require.NoError(t, err, "asked again until the backend answered")
+	require.NoError(t, le.Release(ctx))
+
+	l = newLocker()
+	l.SetUnavailable(true)
+	start := time.Now()
+	_, err = acquireWithin(ctx, l, "k", 0, 300*time.Millisecond, log)
+	require.ErrorIs(t, err, ownership.ErrUnavailable)
+	require.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond, "the whole budget was used")
+
+	l = newLocker()
+	held, err := l.Acquire(ctx, "k", 0)
+	require.NoError(t, err)
+	_, err = acquireWithin(ctx, l, "k", 0, 300*time.Millisecond, log)
+	require.ErrorIs(t, err, ownership.ErrAlreadyOwned)
+	require.NoError(t, held.Release(ctx))
+}
