@@ -83,12 +83,11 @@ type FaultRecord struct {
 	Replica string `json:",omitempty"`
 	Period  string `json:",omitempty"`
 	// Lost commits: commits were asynchronous from StartNS to CrashNS (the
-	// immediate shutdown); transaction ids LostFrom..LostTo-1 had been
-	// handed out and did not survive the crash (LostXacts of them).
-	CrashNS   int64 `json:",omitempty"`
-	LostFrom  int64 `json:",omitempty"`
-	LostTo    int64 `json:",omitempty"`
-	LostXacts int64 `json:",omitempty"`
+	// last immediate shutdown); LostWAL is how much WAL, at least, did not
+	// survive the crashes (inserted before the crash, past the end of
+	// recovery): the last commits, the same for every table.
+	CrashNS int64 `json:",omitempty"`
+	LostWAL int64 `json:",omitempty"`
 }
 
 // TriggerRecord is one bill-run trigger the verifier sent.

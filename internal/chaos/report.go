@@ -102,9 +102,19 @@ func operations(h *History) map[string]int64 {
 		ops["cron_ticks_"+v.how]++
 	}
 	for _, f := range h.Faults {
-		ops["lost_commit_xacts"] += f.LostXacts
+		ops["lost_wal_bytes"] += f.LostWAL
 	}
 	ops["completions_lost_with_commits"] = int64(len(h.completionsLostWithCommits()))
+	// Repairs a completion reported (data.repaired of run.completed, each
+	// event id once): subscribers billed by the reconciliation.
+	repaired := map[string]bool{}
+	for _, e := range h.Events {
+		if e.Type == "run.completed" && e.Repaired > 0 && !repaired[e.ID] {
+			repaired[e.ID] = true
+			ops["runs_repaired"]++
+			ops["subscribers_repaired"] += e.Repaired
+		}
+	}
 	ops["events"] = int64(len(h.Events))
 	periods := map[string]bool{}
 	for _, t := range h.Triggers {
