@@ -28,13 +28,14 @@ type cronAttempt struct {
 }
 
 func (a cronAttempt) String() string {
-	if a.End.IsZero() {
-		return a.Replica + " (no end logged)"
-	}
-	s := a.Replica + " " + a.Outcome
+	s := a.Replica
 	if a.Covering {
-		s = a.Replica + " (skipped it: an earlier tick's attempt ran on) " + a.Outcome
+		s += " (skipped it: an earlier tick's attempt ran on)"
 	}
+	if a.End.IsZero() {
+		return s + " (no end logged)"
+	}
+	s += " " + a.Outcome
 	if a.Deferred {
 		s += " (recorded)"
 	}
@@ -66,6 +67,13 @@ func (h *History) cronAttempts() []cronAttempt {
 	return out
 }
 
+// replicaDied: the incarnation ended before the verifier stopped it (killed
+// by a fault, or crashed).
+func (h *History) replicaDied(id string) bool {
+	r, ok := h.replica(id)
+	return ok && r.ExitNS > 0 && (r.KilledByVerifier || !r.StoppedByVerifier)
+}
+
 // tickVerdict is what became of one tick. A tick is taken care of, by the
 // product's own rule (job.Result.Handled) for a bill run, when an attempt
 // completed the period or found it completed, or recorded the request for
@@ -77,7 +85,7 @@ type tickVerdict struct {
 	// (deferred to the resumer), superseded (every attempt failed, but one
 	// went on trying into the second half of the interval, when the next
 	// tick takes the same period over), in_flight (an attempt logged no
-	// end: its replica died or was stopped during it), skipped (replicas
+	// end: its replica died during it), skipped (replicas
 	// skipped it for an earlier tick's attempt the verifier did not see),
 	// unobserved (no replica logged anything of it), dropped. A replica
 	// that skipped the tick answers for it with the earlier tick's attempt
@@ -155,7 +163,10 @@ func (h *History) cronVerdicts() []tickVerdict {
 				if v.how == "" {
 					v.how = "recorded"
 				}
-			case a.End.IsZero():
+			case a.End.IsZero() && h.replicaDied(a.Replica):
+				// Its replica died in it (killed, crashed): the tick's fate
+				// there is unknown. One that lived to the end and never
+				// ended the attempt hung in it: that answers for nothing.
 				unfinished = true
 			}
 			if a.End.After(lastEnd) {
@@ -195,15 +206,23 @@ func checkCronTicks(h *History) []Anomaly {
 		var what []string
 		var last time.Time
 		for _, a := range v.attempts {
+			if a.End.IsZero() {
+				what = append(what, a.String()+", hung: its replica lived on")
+				continue
+			}
 			what = append(what, fmt.Sprintf("%s at %s", a, h.relWall(a.End)))
 			if a.End.After(last) {
 				last = a.End
 			}
 		}
+		when := "no attempt ended"
+		if !last.IsZero() {
+			when = fmt.Sprintf("the last %s after the tick, %s before the next", last.Sub(v.tick.At).Round(100*time.Millisecond),
+				v.tick.At.Add(h.CronEvery).Sub(last).Round(100*time.Millisecond))
+		}
 		out = append(out, Anomaly{KindCronTickDropped, fmt.Sprintf(
-			"the bill-run cron tick at %s (bills %s; fired on %s) was neither run nor recorded: every attempt ended without it (%s), the last %s after the tick, %s before the next; nothing retried it",
-			h.relWall(v.tick.At), v.tick.Period, strings.Join(v.tick.Live, ", "), strings.Join(what, "; "),
-			last.Sub(v.tick.At).Round(100*time.Millisecond), v.tick.At.Add(h.CronEvery).Sub(last).Round(100*time.Millisecond))})
+			"the bill-run cron tick at %s (bills %s; fired on %s) was neither run nor recorded: every attempt ended without it (%s), %s; nothing retried it",
+			h.relWall(v.tick.At), v.tick.Period, strings.Join(v.tick.Live, ", "), strings.Join(what, "; "), when)})
 	}
 	return out
 }

@@ -42,7 +42,7 @@ func TestCheckCronTicks(t *testing.T) {
 	// Tick 3: recorded for the resumer.
 	add(attempt("r1-1", "a3", 3, 5*ms, 2*time.Second, "failed", true))
 	// Tick 4: its attempt logged no end (the replica was killed in it).
-	add(attempt("r2-1", "b4", 4, 5*ms, 0, "", false))
+	add(attempt("r3-1", "c4", 4, 5*ms, 0, "", false))
 	// Tick 5: skipped, the previous tick still ran.
 	lines = append(lines, CronLine{Replica: "r1-1", Msg: "cron_tick_skipped", Time: at(5, ms), Scheduled: at(5, 0)})
 	// Tick 6: nothing logged. Tick 7: caught up by a restarted replica later.
@@ -53,7 +53,9 @@ func TestCheckCronTicks(t *testing.T) {
 	add(attempt("r2-1", "b8", 8, 5*ms, 12*time.Second, "completed", false),
 		attempt("r1-1", "a9", 9, 5*ms, time.Second, "already_owned", false))
 	lines = append(lines, CronLine{Replica: "r2-1", Msg: "cron_tick_skipped", Time: at(9, ms), Scheduled: at(9, 0)})
-	h := &History{WallStart: t0, CronEvery: 10 * time.Second, CronTicks: ticks, CronLines: lines}
+	h := &History{WallStart: t0, CronEvery: 10 * time.Second, CronTicks: ticks, CronLines: lines,
+		Replicas: []ReplicaRun{{ID: "r1-1", StoppedByVerifier: true, ExitNS: 99 * sec}, {ID: "r2-1", StoppedByVerifier: true, ExitNS: 99 * sec},
+			{ID: "r3-1", KilledByVerifier: true, ExitNS: 41 * sec}}}
 
 	got := checkCronTicks(h)
 	requireKinds(t, got, KindCronTickDropped)
@@ -81,6 +83,14 @@ func TestCheckCronTicks(t *testing.T) {
 			h.CronLines[i].Outcome = "completed"
 		}
 	}
+
+	// An attempt that never ended on a replica that lived to the end hung:
+	// it answers for nothing.
+	h.Replicas[2] = ReplicaRun{ID: "r3-1", StoppedByVerifier: true, ExitNS: 99 * sec}
+	got = checkCronTicks(h)
+	requireKinds(t, got, KindCronTickDropped, KindCronTickDropped)
+	require.Contains(t, got[1].Detail, "hung")
+	h.Replicas[2] = ReplicaRun{ID: "r3-1", KilledByVerifier: true, ExitNS: 41 * sec}
 
 	// The same tick with one attempt that went on trying, or recorded it,
 	// is not dropped.
