@@ -19,18 +19,21 @@ GOLANGCI_LINT         ?= bin/golangci-lint-$(GOLANGCI_LINT_VERSION)
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION) -X main.revision=$(REVISION)" -o $(BIN) ./cmd/coordinator
 
-## test: start the local Redis, Redis Cluster, PostgreSQL and Kafka, then run every test against them.
+## test: start the local Redis, Redis Cluster, PostgreSQL and Kafka (and fetch promtool, which the
+## alert rules' tests and the live /metrics check in deploy/ run), then run every test against them.
 test: services-up
 	@set -e; eval "$$(scripts/services env)"; \
 	echo "go test $(TEST_FLAGS) ./..."; \
 	$(GO) test $(TEST_FLAGS) ./...
 
 ## lint: golangci-lint on the main module (bench/ is a module of its own), a gofmt check, and
-## go vet of the -tags testhooks files, which the linter's production build does not see.
+## go vet of the -tags testhooks (and chaos_sabotage) files, which the linter's production build
+## does not see.
 lint: $(GOLANGCI_LINT)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GOLANGCI_LINT) run ./...
 	$(GO) vet -tags testhooks ./cmd/coordinator ./internal/replica ./internal/billrun
+	$(GO) vet -tags testhooks,chaos_sabotage ./cmd/coordinator ./internal/billrun ./internal/trigger
 
 $(GOLANGCI_LINT):
 	@mkdir -p bin/.golangci-lint

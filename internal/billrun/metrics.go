@@ -103,6 +103,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Invoices adjustment runs inserted for subscribers of a COMPLETED period that had none (loaded or backdated into it after its bill run).",
 		}),
 	}
+	// Every outcome at 0 from the start: an alert's increase() sees the
+	// first failure after a replica starts (a counter first seen at 1 has
+	// no increase).
+	for _, o := range []job.Outcome{job.OutcomeCompleted, job.OutcomeAlreadyCompleted, job.OutcomeAlreadyOwned,
+		job.OutcomeUnavailable, job.OutcomeLost, job.OutcomeFailed} {
+		m.runs.WithLabelValues(string(o))
+	}
 	if reg != nil {
 		reg.MustRegister(m.runs, m.batches, m.phase, m.invoices, m.already, m.conflicts, m.runningRuns, m.lateUsage, m.adjustments,
 			m.repairedSubs, m.unreconciled, m.emptyPops, m.reconcileTime, m.adjustInvoices)

@@ -73,9 +73,9 @@
 //
 // CHAOS_SABOTAGE=1 runs the same against the coordinator built with
 // -tags chaos_sabotage (internal/billrun/sabotage_chaos.go: a bill run
-// ignores a lost lease and its batches skip the claim-fence check; with
-// issue 23's fixes, a run completes without reconciling and a failed cron
-// tick is dropped). The verifier refuses a binary whose build does not
+// ignores a lost lease, its batches skip the claim-fence check and it
+// completes without reconciling; internal/trigger/sabotage_chaos.go: a
+// failed cron tick is dropped, not retried). The verifier refuses a binary whose build does not
 // match the mode (CheckBuild), and TestSabotagePassReportsAnomalies proves
 // the stale commits, the missing invoices and the dropped tick of that
 // build are reported.

@@ -24,6 +24,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/ownership"
 )
@@ -98,6 +100,14 @@ func Run(ctx context.Context, c Config) int {
 		fmt.Fprintf(stderr, "coordinator lock: %v\n", err)
 		return job.ExitUsage
 	}
+	// The command runs as our user, and a process of the same user may
+	// read another's /proc/PID/environ and mem: there our environment is as
+	// it was given, secrets and all. Not dumpable, those are closed to it
+	// (the command itself is dumpable again after its exec).
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		fmt.Fprintf(stderr, "coordinator lock: prctl(PR_SET_DUMPABLE): %v\n", err)
+		return job.ExitFailed
+	}
 
 	// The caller leaves signals to us: the first is forwarded, a second
 	// escalates, and neither skips the release.
@@ -131,8 +141,32 @@ func Run(ctx context.Context, c Config) int {
 		case <-acquiring:
 		}
 	})
-	asked := time.Now()
-	lease, err := acquireWithin(acqCtx, locker, a.Key, a.Lease, c.Wait, log)
+	end := time.Now().Add(c.Wait)
+	term := controllingTerminal(c.Stdin, c.Stdout, stderr)
+	var (
+		lease ownership.Lease
+		r     *lockRun
+	)
+	for {
+		asked := time.Now()
+		lease, err = acquireWithin(acqCtx, locker, a.Key, a.Lease, max(time.Until(end), 0), log)
+		if err != nil {
+			break
+		}
+		r = newLockRun(log, locker, lease, asked, a, ttl, watchdog, grace, sigs, term)
+		if acqCtx.Err() != nil || !r.lostBeforeStart() {
+			break // a signal that came meanwhile is handled below
+		}
+		// Answered in time, but no longer to be trusted by the time the
+		// command would start (a stall in between): give it back and wait
+		// on within the budget; the command has not run.
+		log.Warn("lock_lost_before_start", "lock_key", a.Key, "fence", lease.Fence(), "detail", "given back; waiting on within --wait")
+		_ = r.release(ctx) // logged inside; TTL expiry is the backstop
+		if time.Until(end) <= 0 {
+			err = fmt.Errorf("%w: every acquisition of %q within --wait %s was lost before the command could start", ownership.ErrUnavailable, a.Key, c.Wait)
+			break
+		}
+	}
 	close(acquiring)
 	watch.Wait()
 	switch {
@@ -148,10 +182,20 @@ func Run(ctx context.Context, c Config) int {
 		return job.ExitUnavailable
 	}
 	log.Info("lock_acquired", "lock_key", a.Key, "owner", lease.Owner(), "fence", lease.Fence(), "grace_ms", grace.Milliseconds())
+	if early != nil {
+		_ = r.release(ctx) // logged inside; TTL expiry is the backstop
+		return 128 + int(early.(syscall.Signal))
+	}
+	return r.run(ctx, c, path)
+}
 
+// newLockRun is the supervision of one acquisition: its probe, its trust
+// deadline and the deadline the command's tree must be dead by.
+func newLockRun(log *slog.Logger, locker ownership.Locker, lease ownership.Lease, asked time.Time, a Args,
+	ttl time.Duration, watchdog bool, grace time.Duration, sigs chan os.Signal, term *terminal) *lockRun {
 	r := &lockRun{
 		log: log, key: a.Key, lease: lease, ttl: ttl, watchdog: watchdog, grace: grace,
-		sigs: sigs, term: controllingTerminal(c.Stdin, c.Stdout, stderr),
+		sigs: sigs, term: term,
 	}
 	if p, ok := locker.(interface {
 		LockTTL(ctx context.Context, key string, fence int64) (time.Duration, bool, error)
@@ -173,11 +217,7 @@ func Run(ctx context.Context, c Config) int {
 		// expire under a live process; every other lease can.
 		r.deadline = ownership.TrustDeadline(acquired, ttl)
 	}
-	if early != nil {
-		_ = r.release(ctx) // logged inside; TTL expiry is the backstop
-		return 128 + int(early.(syscall.Signal))
-	}
-	return r.run(ctx, c, path)
+	return r
 }
 
 // acquireWithin asks for the lock until it is taken, another holder keeps it
@@ -191,11 +231,18 @@ func acquireWithin(ctx context.Context, locker ownership.Locker, key string, lea
 	if wait <= 0 {
 		return le, err
 	}
-	// The tries after the first are bounded by what is left of the budget
-	// (the Locker would give each a whole wait of its own), plus
-	// retryTryGrace for a try still in flight when it runs out.
+	// The tries after the first wait only for what is left of the budget
+	// (the Locker would give each a whole wait of its own); a Locker that
+	// cannot be told is bounded by the budget plus retryTryGrace, for a try
+	// still in flight when it runs out.
 	retryCtx, cancel := context.WithDeadline(ctx, end.Add(retryTryGrace))
 	defer cancel()
+	retry := func() (ownership.Lease, error) {
+		if wl, ok := locker.(ownership.WaitLocker); ok {
+			return wl.AcquireWithin(retryCtx, key, lease, max(time.Until(end), 0))
+		}
+		return locker.Acquire(retryCtx, key, lease)
+	}
 	backoff := 100 * time.Millisecond
 	for tries := 1; err != nil && errors.Is(err, ownership.ErrUnavailable) && ctx.Err() == nil; tries++ {
 		if time.Until(end) <= 0 {
@@ -214,7 +261,7 @@ func acquireWithin(ctx context.Context, locker ownership.Locker, key string, lea
 		case <-t.C:
 		}
 		backoff = min(2*backoff, time.Second)
-		le, err = locker.Acquire(retryCtx, key, lease)
+		le, err = retry()
 	}
 	return le, err
 }
