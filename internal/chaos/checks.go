@@ -819,7 +819,7 @@ func checkReplicas(h *History) []Anomaly {
 				r.ID, r.PID, r.Exit, h.rel(r.ExitNS), truncate(strings.Join(r.Tail, " | "), 600))})
 		case r.ShutdownKilled:
 			out = append(out, Anomaly{KindReplicaShutdownHung, fmt.Sprintf(
-				"replica %s (pid %d) did not exit within its shutdown bound after SIGTERM and was killed; last log lines: %s",
+				"replica %s (pid %d) did not exit within its shutdown bound after SIGTERM and was killed (its goroutines, dumped by SIGQUIT, end its log); last log lines: %s",
 				r.ID, r.PID, truncate(strings.Join(r.Tail, " | "), 600))})
 		}
 	}

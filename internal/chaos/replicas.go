@@ -147,8 +147,9 @@ func (s *replicaSlot) setPaused(inc *replicaInc, paused bool) {
 	}
 }
 
-// stop ends the current incarnation gracefully (SIGTERM, then SIGKILL after
-// bound) and records it.
+// stop ends the current incarnation gracefully (SIGTERM; after bound
+// SIGQUIT, whose goroutine dump lands in its log, then SIGKILL) and records
+// it.
 func (s *replicaSlot) stop(bound time.Duration) {
 	s.mu.Lock()
 	inc := s.cur
@@ -161,11 +162,13 @@ func (s *replicaSlot) stop(bound time.Duration) {
 		return
 	}
 	s.r.markReplicaStopped(inc)
-	inTime := inc.proc.stop(syscall.SIGTERM, bound)
+	inTime, tail := inc.proc.stopDumping(syscall.SIGTERM, bound, 5*time.Second)
 	s.r.recordReplicaExit(inc)
 	if !inTime {
 		s.r.mu.Lock()
-		s.r.hist.Replicas[inc.rec].ShutdownKilled = true
+		rec := &s.r.hist.Replicas[inc.rec]
+		rec.ShutdownKilled = true
+		rec.Tail = tail // its log before the goroutine dump
 		s.r.mu.Unlock()
 	}
 }
