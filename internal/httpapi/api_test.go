@@ -91,6 +91,12 @@ func (f *fakeDispatcher) Start(_ context.Context, k owned.Kind, p owned.Params, 
 	switch o {
 	case job.OutcomeAlreadyOwned:
 		res.Owner = "r2"
+		switch period {
+		case "2026-08", "2026-09":
+			// A resumable kind: recorded for the resumer (09) or not,
+			// Postgres down (08).
+			res.Resumable, res.Deferred = true, period == "2026-09"
+		}
 	case job.OutcomeUnavailable:
 		res.Error = "dial tcp 127.0.0.1:1: connection refused"
 	case job.OutcomeFailed:
@@ -191,6 +197,8 @@ func setup(t *testing.T, mod func(*httpapi.Config)) bundle {
 		"2026-05": job.OutcomeFailed, // on the caller's input (BadInput)
 		"2026-06": job.OutcomeFailed, // transiently, not recorded
 		"2026-07": job.OutcomeFailed, // transiently, recorded for the resumer
+		"2026-08": job.OutcomeAlreadyOwned, // and not recorded
+		"2026-09": job.OutcomeAlreadyOwned, // and recorded for the resumer
 	}}
 	reg := prometheus.NewRegistry()
 	logs := &testenv.Buffer{}
@@ -453,6 +461,10 @@ func TestPostBillRun(t *testing.T) {
 		{"failed on the caller's input", `{"period":"2026-05","adjust":true}`, http.StatusUnprocessableEntity, httpapi.CodeBadInput, "bad_input", "", "billrun:2026-05"},
 		{"failed transiently, not recorded", `{"period":"2026-06"}`, http.StatusServiceUnavailable, httpapi.CodeBackendUnavailable, "failed", "", "billrun:2026-06"},
 		{"failed transiently, recorded", `{"period":"2026-07"}`, http.StatusAccepted, "", "", "", ""},
+		// Nothing owes an already_owned answer that was not recorded: if
+		// the owner fails, no resumer knows of this request.
+		{"already owned, not recorded", `{"period":"2026-08"}`, http.StatusServiceUnavailable, httpapi.CodeBackendUnavailable, "already_owned", "r2", "billrun:2026-08"},
+		{"already owned, recorded", `{"period":"2026-09"}`, http.StatusConflict, httpapi.CodeLockAcquisitionFailed, "already_owned", "r2", "billrun:2026-09"},
 		{"bad period", `{"period":"2026-13"}`, http.StatusBadRequest, httpapi.CodeBadInput, "bad_period", "", ""},
 		{"missing period", `{}`, http.StatusBadRequest, httpapi.CodeBadInput, "missing_period", "", ""},
 		{"empty body", ``, http.StatusBadRequest, httpapi.CodeBadInput, "missing_period", "", ""},

@@ -164,7 +164,16 @@ func (a *API) writeResult(w http.ResponseWriter, r *http.Request, res job.Result
 		if res.Owner != "" {
 			detail = fmt.Sprintf("%s is owned by %s", res.Key, res.Owner)
 		}
-		p = newProblem(http.StatusConflict, CodeLockAcquisitionFailed, detail)
+		if !res.Handled() {
+			// A resumable kind's request that could not be recorded
+			// (Postgres down): should the owner's run fail, nothing knows
+			// of this request, so it is the caller's to send again.
+			p = newProblem(http.StatusServiceUnavailable, CodeBackendUnavailable, withCause(
+				detail+", and this request could not be recorded; nothing will run it if that run fails: send it again", res.Error))
+			retry = RetryAfterUnavailable
+		} else {
+			p = newProblem(http.StatusConflict, CodeLockAcquisitionFailed, detail)
+		}
 		p.Reason = string(ownership.ReasonAlreadyOwned)
 		p.Owner = res.Owner
 	case job.OutcomeUnavailable:
