@@ -243,6 +243,8 @@ var (
 	_ owned.StatusReader = (*Worker)(nil)
 	_ owned.Observer     = (*Worker)(nil)
 	_ owned.Resumable    = (*Worker)(nil)
+
+	_ owned.CompletedChecker = (*Worker)(nil)
 )
 
 // Schedule is COORDINATOR_BILLRUN_SCHEDULE (empty: off). A spec that names

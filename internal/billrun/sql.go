@@ -368,14 +368,19 @@ for no key update`
 // sqlReconcile counts the period's population at the run's cutoff and
 // those of it without an invoice for the period: one anti-join of the
 // subscribers against the period's invoices (found by invoices_period_brin,
-// 00016), set-based.
+// 00016), set-based. In the same pass it lists the subscribers of the
+// period created after the cutoff that have no invoice (the unbilled side
+// of the late check the completion keeps, late.go): the population without
+// the cutoff is the same predicate less created_at.
 //
 // $1 period, $2 period start, $3 period end, $4 cutoff.
 var sqlReconcile = `
-select count(*), count(*) filter (where i.subscriber_id is null)
+select count(*) filter (where s.created_at <= $4),
+       count(*) filter (where s.created_at <= $4 and i.subscriber_id is null),
+       coalesce(array_agg(s.id) filter (where s.created_at > $4 and i.subscriber_id is null), '{}')
 from subscribers s
 left join invoices i on i.subscriber_id = s.id and i.period = $1
-where ` + population("$2", "$3", "$4")
+where ` + population("$2", "$3", "'infinity'::timestamptz")
 
 // sqlRepair bills the population's subscribers without an invoice for the
 // period, with ids in [$3, $4], under the claim's fence: sqlBatch's fence

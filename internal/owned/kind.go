@@ -152,6 +152,25 @@ type Claimer interface {
 	Claim(ctx context.Context, run *Run, p Params) (fence int64, err error)
 }
 
+// CompletedChecker is a Worker that can tell, before the lock is taken,
+// that a run's work is complete for good, so that a repeated trigger (a
+// redelivery, a replay, a cron tick on every replica) is answered at the
+// rate its store answers one read, without queueing on the lock behind
+// the other repeats (a bill run of a COMPLETED period).
+//
+// Only for work whose completion is final: nothing the coordinator does
+// undoes it, so the answer read without the lock is the one Claim would
+// give under it at that instant. When in doubt the kind says nil, nil, and
+// the run goes the locked way (acquire, Claim), which decides as ever.
+type CompletedChecker interface {
+	// AlreadyCompleted returns a *CompletedError naming the run that
+	// completed the work, with its counts, when a run with p has nothing
+	// to do; nil, nil when it cannot tell (then the lock is taken). An
+	// error is logged and the lock is taken too: the locked way is the
+	// authority. run has no lease: events it emits carry no fence.
+	AlreadyCompleted(ctx context.Context, run *Run, p Params) (*CompletedError, error)
+}
+
 // Scheduler is a Worker that cron runs too. Every replica ticks; the lock
 // decides which one works.
 type Scheduler interface {

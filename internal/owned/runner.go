@@ -174,6 +174,9 @@ func (r *Runner) Begin(ctx context.Context, k Kind, p Params, t job.Trigger) (*O
 	case !strings.HasPrefix(key, spec.Name+":"):
 		return nil, o.fail(ctx, fmt.Errorf("owned: kind %q locks %q, outside its namespace %q", spec.Name, key, spec.Name+":"))
 	}
+	if res, done := o.alreadyCompleted(ctx); done {
+		return nil, res
+	}
 	if l, ok := o.worker.(Leaser); ok {
 		o.lease = l.Lease(p)
 	}
@@ -200,6 +203,37 @@ func (r *Runner) Begin(ctx context.Context, k Kind, p Params, t job.Trigger) (*O
 	o.run.log = o.run.log.With("fence", fence)
 	o.run.log.Info("run_claimed", "owner", r.replica, "lock_fence", o.run.lockFence)
 	return o, o.res
+}
+
+// DataBeforeLock marks a run.already_completed answered before the lock
+// was taken (CompletedChecker): nothing was acquired, so no lock fence.
+const DataBeforeLock = "before_lock"
+
+// alreadyCompleted asks a CompletedChecker, before the lock, whether the
+// run is complete for good. done: the run ended already_completed, with its
+// events emitted; otherwise the lock is taken as ever (the checker's error
+// is logged).
+func (o *Owned) alreadyCompleted(ctx context.Context) (job.Result, bool) {
+	cc, ok := o.worker.(CompletedChecker)
+	if !ok {
+		return job.Result{}, false
+	}
+	cctx, span := o.run.child(ctx, "run.check")
+	ce, err := cc.AlreadyCompleted(cctx, o.run, o.params)
+	if err != nil || ce == nil {
+		if err != nil {
+			span.SetStatus(codes.Error, err.Error())
+			o.run.log.Warn("run_check_failed", "error", err, "detail", "taking the lock")
+		}
+		span.End()
+		return job.Result{}, false
+	}
+	span.SetAttributes(attribute.String("coordinator.claim", "already_completed"), AttrOwner.String(ce.Owner), AttrFence.Int64(ce.Fence))
+	span.End()
+	o.res.Owner, o.res.Fence, o.res.Counts = ce.Owner, ce.Fence, ce.Counts
+	o.run.send(ctx, events.RunAlreadyCompleted, ce.Fence, ce.Owner, countsData(ce.Counts, map[string]any{DataBeforeLock: true}))
+	o.run.log.Info("run_already_completed", "owner", ce.Owner, "fence", ce.Fence, DataBeforeLock, true)
+	return o.end(job.OutcomeAlreadyCompleted), true
 }
 
 // acquire takes the lock; false means o.res is final.
