@@ -34,6 +34,9 @@ type Widget struct {
 	Work func(ctx context.Context, r *owned.Run, n int) (owned.Report, error)
 	// Claim, when set, makes the Worker a Claimer.
 	Claim func(ctx context.Context, r *owned.Run, n int) (int64, error)
+	// AlreadyCompleted, when set with Claim, makes the Worker a
+	// CompletedChecker too.
+	AlreadyCompleted func(ctx context.Context, r *owned.Run, n int) (*owned.CompletedError, error)
 	// Incomplete, when set (and Claim is not), makes the Worker a
 	// Resumable listing these runs.
 	Incomplete func(ctx context.Context) ([]owned.Incomplete, error)
@@ -95,6 +98,8 @@ func (w *Widget) LockKeyOfRecord(key []byte) (string, bool) {
 
 func (w *Widget) Open(owned.Deps) (owned.Worker, error) {
 	switch {
+	case w.Claim != nil && w.AlreadyCompleted != nil:
+		return checkingWorker{claimingWorker{worker{w}}}, nil
 	case w.Claim != nil:
 		return claimingWorker{worker{w}}, nil
 	case w.Incomplete != nil:
@@ -152,6 +157,12 @@ type claimingWorker struct{ worker }
 
 func (k claimingWorker) Claim(ctx context.Context, r *owned.Run, p owned.Params) (int64, error) {
 	return k.w.Claim(ctx, r, p.(Params).N)
+}
+
+type checkingWorker struct{ claimingWorker }
+
+func (k checkingWorker) AlreadyCompleted(ctx context.Context, r *owned.Run, p owned.Params) (*owned.CompletedError, error) {
+	return k.w.AlreadyCompleted(ctx, r, p.(Params).N)
 }
 
 // Gated is Work that waits until gate closes (completed) or the run's
