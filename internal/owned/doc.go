@@ -12,7 +12,9 @@
 // Open gives its Worker for one deployment (Postgres pool, configuration);
 // the Worker's Run does the work. Optional interfaces add what some kinds
 // need: Leaser (explicit lease, minimum hold), Claimer (a fenced claim in
-// the kind's store), Scheduler (a cron spec), StatusKind and StatusReader
+// the kind's store), CompletedChecker (a look before the lock that answers
+// already_completed for work nothing undoes), Scheduler (a cron spec),
+// StatusKind and StatusReader
 // (GET HTTPPath/{id}), Observer (metrics of its own), RecordKeyed,
 // Configurer (Decode and Flags that depend on the deployment's
 // configuration: a bill run admits only periods closed in the billing zone),
@@ -28,7 +30,10 @@
 //
 // # A run
 //
-//	Begin:   acquire key ──✗──▶ already_owned (owner named) | unavailable | failed    (nothing ran)
+//	Begin:   CompletedChecker ──✓──▶ already_completed, before_lock (nothing acquired)
+//	           │ cannot tell
+//	           ▼
+//	         acquire key ──✗──▶ already_owned (owner named) | unavailable | failed    (nothing ran)
 //	           │ ownership.acquired
 //	           ▼
 //	         Claim (Claimer) ──✗──▶ already_completed | lost | failed    (released)
