@@ -87,3 +87,11 @@ func LateReference(ctx context.Context, pool *pgxpool.Pool, p Period) (subscribe
 	err = pool.QueryRow(ctx, sqlUnbilledReference, p.String(), start, end).Scan(&unbilled)
 	return subscribers, cents, unbilled, err
 }
+
+// ExplainKeptCheck is the plan (EXPLAIN (ANALYZE, FORMAT JSON)) of the kept
+// late check of period p (sqlLateCached).
+func ExplainKeptCheck(ctx context.Context, pool *pgxpool.Pool, p Period) (string, error) {
+	var plan string
+	err := pool.QueryRow(ctx, "explain (analyze, format json) "+sqlLateCached, p.String(), p.Start(time.UTC), p.End(time.UTC)).Scan(&plan)
+	return plan, err
+}
