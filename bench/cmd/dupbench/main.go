@@ -98,6 +98,7 @@ func main() {
 	}
 	logf("work dir %s (replica logs)", o.workDir)
 	ctx := context.Background()
+	dropStale(ctx, o.adminURL)
 	fmt.Printf("load average at start: %s\n", loadavg())
 	for _, s := range o.scenarios {
 		switch s {
@@ -110,6 +111,28 @@ func main() {
 		}
 	}
 	fmt.Printf("load average at end: %s\n", loadavg())
+}
+
+// dropStale drops the databases an earlier run left behind (killed
+// before its cleanup).
+func dropStale(ctx context.Context, adminURL string) {
+	admin, err := pgxpool.New(ctx, adminURL)
+	must(err)
+	defer admin.Close()
+	rows, err := admin.Query(ctx, `select datname from pg_database where datname like 'dupbench\_%'`)
+	must(err)
+	var stale []string
+	for rows.Next() {
+		var db string
+		must(rows.Scan(&db))
+		stale = append(stale, db)
+	}
+	must(rows.Err())
+	for _, db := range stale {
+		logf("dropping %s, left by an earlier run", db)
+		_, err := admin.Exec(ctx, "drop database if exists "+db+" with (force)")
+		must(err)
+	}
 }
 
 func logf(format string, args ...any) {
@@ -307,6 +330,11 @@ func (d *deployment) stop() {
 	for range d.procs {
 		<-d.exited
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, _ = d.adm.DeleteGroup(ctx, d.group)
+	_, _ = d.adm.DeleteGroup(ctx, d.group+"-console")
+	_, _ = d.adm.DeleteTopics(ctx, d.names.All()...)
 	d.kc.Close()
 }
 
