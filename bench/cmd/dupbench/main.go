@@ -12,8 +12,9 @@
 //   - replay: -periods COMPLETED periods of -replay-subs subscribers; a
 //     replay of -replay triggers over them (shuffled), then -probes triggers
 //     for new periods (a small population each), each behind the backlog of
-//     its partition; -replicas replicas. Drain as above; probe latency =
-//     from its produce to its ownership.acquired (the event's own time).
+//     its partition (one every -probe-every from the end of the backlog's
+//     produce); -replicas replicas. Drain as above; probe latency = from its
+//     produce to its ownership.acquired (the event's own time).
 //
 // Every trigger's answer is counted on the events topic: the run is valid
 // only if each duplicate got a run.already_completed and each probe a
@@ -56,6 +57,7 @@ type opts struct {
 	periods, replaySubs  int
 	replay, oldReplay    int
 	probes, replicas     int
+	probeEvery           time.Duration
 	rounds               int
 	workDir              string
 	keep                 bool
@@ -77,6 +79,7 @@ func main() {
 	flag.IntVar(&o.replay, "replay", 10000, "replay: duplicates for the new binary")
 	flag.IntVar(&o.oldReplay, "old-replay", 1000, "replay: duplicates for the old binary")
 	flag.IntVar(&o.probes, "probes", 100, "replay: new periods triggered behind the backlog")
+	flag.DurationVar(&o.probeEvery, "probe-every", 30*time.Millisecond, "replay: time between two probes (0: all at once, a burst of new bill runs)")
 	flag.IntVar(&o.replicas, "replicas", 3, "replay: replicas")
 	flag.IntVar(&o.rounds, "rounds", 1, "rounds per scenario (variants alternate)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the databases")
@@ -496,8 +499,8 @@ func runReplay(ctx context.Context, o opts) {
 		probes[i] = back(first, i+1)
 	}
 	from := first.Start(time.UTC)
-	fmt.Printf("\n## replay: %d triggers over %d COMPLETED periods (%d subscribers each), %d replicas; %d new periods (10 subscribers each) behind the backlog\n\n",
-		o.replay, o.periods, o.replaySubs, o.replicas, o.probes)
+	fmt.Printf("\n## replay: %d triggers over %d COMPLETED periods (%d subscribers each), %d replicas; %d new periods (10 subscribers each) behind the backlog, one every %s\n\n",
+		o.replay, o.periods, o.replaySubs, o.replicas, o.probes, o.probeEvery)
 	fmt.Println("| variant | round | duplicates | drain | triggers/s | probe acquired p50 | p99 | max | already_completed | probes completed |")
 	fmt.Println("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	worlds := map[string]*world{}
@@ -529,6 +532,8 @@ func runReplay(ctx context.Context, o opts) {
 			logf("%s round %d: producing %d duplicates over %d periods, then %d probes", v, round, n, o.periods, o.probes)
 			t0 := time.Now()
 			d.produce(ctx, recs)
+			// The probes arrive one at a time while the backlog drains, each
+			// behind what is left of it on its partition.
 			sent := make(map[string]time.Time, len(probes))
 			var mu sync.Mutex
 			var wg sync.WaitGroup
@@ -543,9 +548,14 @@ func runReplay(ctx context.Context, o opts) {
 					sent[p.String()] = at
 					mu.Unlock()
 				}()
+				time.Sleep(o.probeEvery)
 			}
 			wg.Wait()
+			lastProbe := time.Now()
 			t1 := d.waitDrained(ctx, 30*time.Minute)
+			if lastProbe.After(t1) {
+				logf("%s round %d: the last probe came %s after the backlog drained", v, round, lastProbe.Sub(t1))
+			}
 			drain := t1.Sub(t0)
 			evs := d.events(ctx, 2*time.Minute, func(evs []event) bool {
 				return count(evs, "run.already_completed") >= n && count(evs, "run.completed") >= len(probes)
