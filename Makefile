@@ -19,7 +19,8 @@ GOLANGCI_LINT         ?= bin/golangci-lint-$(GOLANGCI_LINT_VERSION)
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION) -X main.revision=$(REVISION)" -o $(BIN) ./cmd/coordinator
 
-## test: start the local Redis, Redis Cluster, PostgreSQL and Kafka, then run every test against them.
+## test: start the local Redis, Redis Cluster, PostgreSQL and Kafka (and fetch promtool, which the
+## alert rules' tests and the live /metrics check in deploy/ run), then run every test against them.
 test: services-up
 	@set -e; eval "$$(scripts/services env)"; \
 	echo "go test $(TEST_FLAGS) ./..."; \

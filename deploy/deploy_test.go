@@ -21,6 +21,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/telco-platform/coordinator/internal/config"
+	"github.com/telco-platform/coordinator/internal/cronspec"
 	"github.com/telco-platform/coordinator/internal/events"
 )
 
@@ -428,7 +429,7 @@ func TestKubernetesManifests(t *testing.T) {
 	cj := byKind["CronJob"][0]
 	jc := mapAt(t, cj, "spec", "jobTemplate", "spec", "template", "spec")["containers"].([]any)[0].(map[string]any)
 	require.Equal(t, []any{"run", "reaper"}, jc["args"])
-	_, err := config.CronParser.Parse(mapAt(t, cj, "spec")["schedule"].(string))
+	_, err := cronspec.Parse(mapAt(t, cj, "spec")["schedule"].(string))
 	require.NoError(t, err)
 }
 

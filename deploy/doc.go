@@ -4,5 +4,8 @@
 // and Dockerfile, against the Compose Specification's JSON schema and against
 // the code: every metric a rule or panel names exists, every alert has a
 // runbook entry, every configuration variable a manifest sets is one the
-// coordinator reads.
+// coordinator reads. With promtool (scripts/services install promtool) it
+// runs the alert rules' tests and checks a live scrape of `coordinator
+// serve`: promtool check metrics passes, and every series a rule selects is
+// there from the start.
 package deploy

@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/telco-platform/coordinator/internal/base10"
 	"github.com/telco-platform/coordinator/internal/demo"
 	"github.com/telco-platform/coordinator/internal/job"
 )
@@ -31,9 +32,9 @@ func main() {
 func run(ctx context.Context, stdout, stderr io.Writer, getenv func(string) string, args []string) int {
 	fs := flag.NewFlagSet("coordinator-demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	subscribers := fs.Int64("subscribers", 100000, "subscribers to seed (5% SUSPENDED, 2% TERMINATED)")
-	stale := fs.Int("stale-reservations", 10000, "expired MSISDN reservations for the reaper to free")
-	replicas := fs.Int("replicas", 3, "replicas to run in this process (1..9)")
+	subscribers := base10.Int64(fs, "subscribers", 100000, "`N` subscribers to seed (5% SUSPENDED, 2% TERMINATED)")
+	stale := base10.Int(fs, "stale-reservations", 10000, "`N` expired MSISDN reservations for the reaper to free")
+	replicas := base10.Int(fs, "replicas", 3, "`N` replicas to run in this process (1..9)")
 	wait := fs.Duration("lock-wait", 500*time.Millisecond, "how long a replica waits for a held lock before answering already_owned")
 	timeout := fs.Duration("timeout", 100*time.Second, "give up after this long once the replicas run")
 	redisServer := fs.String("redis-server", getenv("COORDINATOR_TEST_REDIS_SERVER_BIN"), "redis-server `binary` (default: PATH, /usr/bin) ($COORDINATOR_TEST_REDIS_SERVER_BIN)")

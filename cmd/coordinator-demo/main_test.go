@@ -46,6 +46,6 @@ func TestHelpExitsZero(t *testing.T) {
 	t.Parallel()
 	var stdout, stderr bytes.Buffer
 	require.Equal(t, 0, run(context.Background(), &stdout, &stderr, func(string) string { return "" }, []string{"-h"}))
-	require.Contains(t, stdout.String(), "-subscribers int")
+	require.Contains(t, stdout.String(), "-subscribers N")
 	require.Contains(t, stdout.String(), "(default 100000)")
 }

@@ -39,7 +39,7 @@ func runLock(ctx context.Context, cio cliIO, args []string) int {
 		return job.ExitUsage
 	}
 	if a.WaitSet {
-		cfg.LockWaitTime = a.Wait
+		cfg.Lock.WaitTime = a.Wait
 	}
 	return lockrun.Run(ctx, lockRunConfig(a, cfg, cio, newLogger(cfg, cio.stderr)))
 }
@@ -50,8 +50,8 @@ func runLock(ctx context.Context, cio cliIO, args []string) int {
 func lockRunConfig(a lockrun.Args, cfg config.Config, cio cliIO, log *slog.Logger) lockrun.Config {
 	return lockrun.Config{
 		Args:            a,
-		WatchdogTimeout: cfg.LockWatchdogTimeout,
-		Wait:            cfg.LockWaitTime,
+		WatchdogTimeout: cfg.Lock.WatchdogTimeout,
+		Wait:            cfg.Lock.WaitTime,
 		Open: func(ctx context.Context, minTrust time.Duration) (ownership.Locker, error) {
 			return openLockerMinTrust(ctx, cfg, log, nil, minTrust)
 		},

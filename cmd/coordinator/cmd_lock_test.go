@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -532,6 +533,38 @@ func TestLockScrubsTheConfigurationFromTheCommandEnvironment(t *testing.T) {
 	code, _, errs := lockCLI(t, e.vars, "lock", "--key", "cli/scrub", "--pass-env", "MY_SETTING", "--", "true")
 	require.Equal(t, job.ExitUsage, code, "a --pass-env of a variable the command gets anyway is a mistake: %s", errs)
 	require.Contains(t, errs, "--pass-env MY_SETTING")
+}
+
+// The scrubbed variables are not the command's by another way either: the
+// command runs as the coordinator's user, and a process of the same user
+// may read another's /proc/PID/environ (and mem), where the coordinator's
+// environment stays as it was given. The coordinator is not dumpable, so
+// those are closed to the command. As root (CI), the coordinator runs as
+// nobody: root may read any process's.
+func TestLockCommandCannotReadTheCoordinatorsEnvironment(t *testing.T) {
+	t.Parallel()
+	e := newLockCLIEnv(t)
+	bin := coordinatorBinary(t)
+	cmd := exec.Command(bin, "lock", "--key", "cli/procenv", "--",
+		"sh", "-c", `echo "parent $PPID"; cat /proc/$PPID/environ; echo; echo "ran"`)
+	cmd.Env = lockEnv(e.with(
+		"DATABASE_URL", "postgres://app:s3cret@127.0.0.1:1/y",
+		"COORDINATOR_ADMIN_TOKEN", "0123456789abcdef0123456789abcdef-s3cret"))
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if os.Geteuid() == 0 {
+		// The binary's directory must let nobody in.
+		require.NoError(t, os.Chmod(filepath.Dir(bin), 0o755))
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: 65534, Gid: 65534}
+	}
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	require.NoError(t, cmd.Start())
+	require.NoError(t, cmd.Wait(), "%s%s", out.String(), errb.String())
+	require.Contains(t, out.String(), "ran\n", errb.String())
+	require.Contains(t, out.String(), fmt.Sprintf("parent %d\n", cmd.Process.Pid), "the command's parent is the coordinator")
+	require.NotContains(t, out.String(), "s3cret", "the command read the coordinator's environment from /proc")
+	require.Contains(t, errb.String(), "Permission denied")
 }
 
 // Every variable the configuration reads (config.Variables, derived from

@@ -39,7 +39,7 @@ func runLocks(ctx context.Context, cio cliIO, args []string) int {
 		fmt.Fprintln(cio.stderr, "coordinator locks: this lock backend cannot list its locks")
 		return job.ExitUnavailable
 	}
-	qctx, cancel := context.WithTimeout(ctx, cfg.LockWaitTime+time.Second)
+	qctx, cancel := context.WithTimeout(ctx, cfg.Lock.WaitTime+time.Second)
 	defer cancel()
 	locks, err := insp.Locks(qctx)
 	if err != nil {

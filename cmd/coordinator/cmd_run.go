@@ -38,19 +38,22 @@ type kindCall struct {
 	requestID string
 }
 
-// parseKindCall picks the kind args[0] names and parses its flags, the
-// request id, more's flags and the configuration into Params. code != 0
-// means the command returns code (the kinds or -h were printed, or the
-// input was bad).
+// parseKindCall picks the kind args[0] names, parses its flags, the
+// request id, more's flags and the configuration, and decodes the kind's
+// flags into Params with the kind the configuration makes (a bill run
+// admits periods by its billing zone). code != 0 means the command returns
+// code (the kinds or -h were printed, or the input was bad).
 func parseKindCall(cio cliIO, verb string, args []string, synopsis string, more func(fs *flag.FlagSet)) (kindCall, int) {
-	reg, k, code, ok := kindArgs(cio, verb, args)
+	// The kinds' flags do not depend on the configuration: they are bound
+	// from the kinds with their defaults, before it is parsed.
+	k, code, ok := kindArgs(cio, verb, args, kinds.Config{})
 	if !ok {
 		return kindCall{}, code
 	}
-	c := kindCall{reg: reg, kind: k, spec: owned.Normalize(k.Spec())}
+	c := kindCall{spec: owned.Normalize(k.Spec())}
 	c.name = verb + " " + c.spec.Command
 	fs := newFlagSet(cio, c.name, c.spec.Usage+" [--request-id ID] "+synopsis+"[flags]")
-	build := k.Flags(fs)
+	fields := k.Flags(fs)
 	requestID := fs.String("request-id", "", "request id carried by the trigger, its events and its result (default: random)")
 	if more != nil {
 		more(fs)
@@ -59,27 +62,43 @@ func parseKindCall(cio cliIO, verb string, args []string, synopsis string, more 
 	if code != 0 {
 		return kindCall{}, code
 	}
-	reg.Configure(cfg) // the kind's checks follow the deployment (a bill run's billing zone)
-	p, err := build(rest)
+	kc := kinds.ConfigOf(cfg)
+	if verb == "run" { // the kinds' Workers run in this process
+		if err := applyTestHooks(cio.getenv, newLogger(cfg, cio.stderr), &kc); err != nil {
+			fmt.Fprintf(cio.stderr, "coordinator %s: %v\n", c.name, err)
+			return kindCall{}, job.ExitUsage
+		}
+	}
+	var err error
+	if c.reg, err = kc.Registry(); err != nil {
+		fmt.Fprintf(cio.stderr, "coordinator %s: %v\n", c.name, err)
+		return kindCall{}, job.ExitFailed
+	}
+	c.kind, _ = c.reg.ByCommand(c.spec.Command)
+	in, err := fields(rest)
+	if err == nil {
+		c.params, err = c.kind.Decode(in)
+	}
 	if err != nil {
 		fmt.Fprintf(cio.stderr, "coordinator %s: %v\n", c.name, err)
 		return kindCall{}, job.ExitUsage
 	}
-	c.cfg, c.params, c.requestID = cfg, p, cmp.Or(*requestID, events.NewID())
+	c.cfg, c.requestID = cfg, cmp.Or(*requestID, events.NewID())
 	return c, 0
 }
 
-// kindArgs picks the kind that `run` or `trigger` names in args[0], or
-// prints the kinds (exitHelp for -h, else 64). ok false means return code.
-func kindArgs(cio cliIO, verb string, args []string) (reg *owned.Registry, k owned.Kind, code int, ok bool) {
-	reg, err := kinds.Registry()
+// kindArgs picks the kind that `run` or `trigger` names in args[0] among
+// kc's kinds, or prints the kinds (exitHelp for -h, else 64). ok false
+// means return code.
+func kindArgs(cio cliIO, verb string, args []string, kc kinds.Config) (k owned.Kind, code int, ok bool) {
+	reg, err := kc.Registry()
 	if err != nil {
 		fmt.Fprintf(cio.stderr, "coordinator %s: %v\n", verb, err)
-		return nil, nil, job.ExitFailed, false
+		return nil, job.ExitFailed, false
 	}
 	if len(args) > 0 {
 		if k, found := reg.ByCommand(args[0]); found {
-			return reg, k, 0, true
+			return k, 0, true
 		}
 	}
 	w, code := cio.stderr, job.ExitUsage
@@ -89,7 +108,7 @@ func kindArgs(cio cliIO, verb string, args []string) (reg *owned.Registry, k own
 		fmt.Fprintf(w, "coordinator %s: unknown kind %q\n", verb, args[0])
 	}
 	kindUsage(w, verb, reg)
-	return nil, nil, code, false
+	return nil, code, false
 }
 
 func kindUsage(w io.Writer, verb string, reg *owned.Registry) {
@@ -121,9 +140,12 @@ func runRun(ctx context.Context, cio cliIO, args []string) int {
 	}
 	start := time.Now()
 	trig := job.Trigger{Source: job.SourceCLI, RequestID: c.requestID, RequestedBy: currentUser()}
+	// failed prints the result of a run that could not begin; a failure
+	// of a transient cause (Postgres unreachable) is retryable: exit 75.
 	failed := func(o job.Outcome, err error) int {
 		return printResult(cio, job.Result{Job: spec.Name, Key: k.LockKey(p), Outcome: o, Replica: cfg.ReplicaID,
-			RequestID: trig.RequestID, Error: err.Error(), DurationMS: time.Since(start).Milliseconds()})
+			RequestID: trig.RequestID, Error: err.Error(), DurationMS: time.Since(start).Milliseconds(),
+			Retryable: o == job.OutcomeFailed && owned.IsRetryable(err)})
 	}
 
 	// On a terminal a live bar replaces the <job>_progress records; log
@@ -147,7 +169,7 @@ func runRun(ctx context.Context, cio cliIO, args []string) int {
 	ctx = tel.Extract(ctx, telemetry.HeaderCarrier(func(k string) string { return cio.getenv(strings.ToUpper(k)) }))
 	connectCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	pool, err := postgres.Connect(connectCtx, cfg.DatabaseURL, int32(cfg.BillrunWorkers+8), postgres.WithTracer(tel.PgxTracer()))
+	pool, err := postgres.Connect(connectCtx, cfg.DatabaseURL, int32(cfg.Billrun.Workers+8), postgres.WithTracer(tel.PgxTracer()))
 	if err != nil {
 		log.Error("run_postgres_unreachable", "error", err)
 		return failed(job.OutcomeFailed, err)
@@ -169,17 +191,18 @@ func runRun(ctx context.Context, cio cliIO, args []string) int {
 		log.Warn("run_lock_tracing_failed", "error", err)
 	}
 
-	if err := applyTestHooks(cio.getenv, log, reg, nil); err != nil {
-		fmt.Fprintf(cio.stderr, "coordinator %s: %v\n", name, err)
-		return job.ExitUsage
-	}
-	runner, err := owned.NewRunner(reg, owned.Deps{Config: cfg, DB: pool, Locker: locker, Log: log, Telemetry: tel,
-		Progress: progress}, events.NewJSONLines(stderr))
+	runner, err := owned.NewRunner(reg, owned.RunnerConfig{Deps: owned.Deps{DB: pool, Locker: locker, Log: log},
+		Replica: cfg.ReplicaID, Emit: events.NewJSONLines(stderr), Tracer: tel.TracerIfOn(owned.TracerName),
+		Progress: progress, ProgressInterval: cfg.ProgressInterval})
 	if err != nil {
 		fmt.Fprintf(cio.stderr, "coordinator %s: %v\n", name, err)
 		return job.ExitUsage
 	}
-	return printResult(cio, runner.Run(ctx, k, p, trig))
+	res := runner.Run(ctx, k, p, trig)
+	// A lock kept for a minimum hold goes with the process: its timer would
+	// not outlive it, and the lock would stay held until its TTL.
+	runner.Close()
+	return printResult(cio, res)
 }
 
 // printResult writes the run's one JSON object on stdout and returns its exit code.

@@ -135,3 +135,23 @@ func TestRunBillrunBadInput(t *testing.T) {
 	require.Equal(t, job.ExitUsage, code)
 	require.Contains(t, errs, "COORDINATOR_BILLING_TZ")
 }
+
+// Postgres unreachable is a transient failure: the result says retryable and
+// the CLI exits 75 (EX_TEMPFAIL), so a scheduler retries it; a bad password
+// or another permanent failure stays 1. Before, it exited 1 like a bug.
+func TestRunBillrunPostgresDownExits75(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartPostgresServer(t)
+	srv.Stop()
+	rd := testenv.Redis(t)
+	env := map[string]string{"COORDINATOR_DATABASE_URL": srv.DSN(), "COORDINATOR_LOCK_REDIS_URL": rd.URL,
+		"COORDINATOR_LOCK_KEY_PREFIX": rd.Prefix, "COORDINATOR_REPLICA_ID": "cli"}
+	latest := billrun.PeriodOf(time.Now().UTC()).Previous().String()
+	code, out, errs := runCLI(t, env, "run", "billrun", "--period", latest)
+	require.Equal(t, job.ExitTempFail, code, errs)
+	var res job.Result
+	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
+	require.Equal(t, job.OutcomeFailed, res.Outcome)
+	require.True(t, res.Retryable, out)
+	require.Contains(t, res.Error, "connection refused")
+}

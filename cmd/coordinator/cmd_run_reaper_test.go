@@ -10,6 +10,7 @@ import (
 
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/msisdnreaper"
+	"github.com/telco-platform/coordinator/internal/ownership/redislock"
 	"github.com/telco-platform/coordinator/internal/testenv"
 )
 
@@ -40,14 +41,33 @@ func TestRunReaper(t *testing.T) {
 		require.Contains(t, errs, typ)
 	}
 
-	// Another replica within the minimum hold: already owned, exit 75, owner named.
+	// The run released its lock when it exited, minimum hold or not: a
+	// process that is gone cannot keep a hold by timer, and a rerun must not
+	// wait out the TTL to be told a gone process owns the sweep (it did:
+	// exit 75 naming cli-a for 20 s).
+	n, err := rd.Client.Exists(context.Background(), rd.Prefix+":{"+msisdnreaper.SweepKey+"}:lock").Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "the lock is gone once the command returned")
 	code, out, errs = runCLI(t, env("cli-b"), "run", "reaper")
+	require.Equal(t, job.ExitOK, code, errs)
+	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
+	require.Equal(t, job.OutcomeCompleted, res.Outcome)
+	require.Equal(t, int64(0), res.Counts["freed"])
+
+	// A holder that is alive: already owned, exit 75, owner named.
+	holder, err := redislock.New(rd.Client, redislock.Config{Prefix: rd.Prefix, Owner: "cli-holder"})
+	require.NoError(t, err)
+	defer holder.Close()
+	held, err := holder.Acquire(context.Background(), msisdnreaper.SweepKey, 0)
+	require.NoError(t, err)
+	code, out, errs = runCLI(t, env("cli-c"), "run", "reaper")
 	require.Equal(t, job.ExitAlreadyOwned, code, errs)
 	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
 	require.Equal(t, job.OutcomeAlreadyOwned, res.Outcome)
-	require.Equal(t, "cli-a", res.Owner)
+	require.Equal(t, "cli-holder", res.Owner)
 	require.Contains(t, errs, `"type":"ownership.already_owned"`)
-	require.Contains(t, errs, `"owner":"cli-a"`)
+	require.Contains(t, errs, `"owner":"cli-holder"`)
+	require.NoError(t, held.Release(context.Background()))
 
 	// Lock backend unreachable: exit 69, nothing runs.
 	unreachable := env("cli-c")

@@ -81,7 +81,7 @@ func TestTriggerAndWatchOverSASLSSL(t *testing.T) {
 	defer cancel()
 	require.NoError(t, cl.ProduceSync(ctx, &kgo.Record{Topic: names.Events, Key: []byte("billrun:2026-11"), Value: value}).FirstErr())
 
-	var wout, werr syncBuffer
+	var wout, werr testenv.Buffer
 	wctx, stop := context.WithCancel(context.Background())
 	done := make(chan int, 1)
 	go func() {
@@ -133,7 +133,7 @@ func TestWrongKafkaPasswordExits69WithoutThePassword(t *testing.T) {
 		// A bound on "fails fast": well under the start-up step's 15s.
 		ctx, cancel := context.WithTimeout(context.Background(), 12*time.Second)
 		defer cancel()
-		var out, errb syncBuffer
+		var out, errb testenv.Buffer
 		code := dispatch(ctx, cliIO{stdout: &out, stderr: &errb, getenv: func(k string) string { return senv[k] }}, []string{"serve"})
 		require.NoError(t, ctx.Err(), "serve kept retrying: %s", errb.String())
 		require.Equal(t, job.ExitUnavailable, code, errb.String())
@@ -155,7 +155,7 @@ func TestServeOverSASLSSL(t *testing.T) {
 		env[k] = v
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	var out, errb syncBuffer
+	var out, errb testenv.Buffer
 	done := make(chan int, 1)
 	go func() {
 		done <- dispatch(ctx, cliIO{stdout: &out, stderr: &errb, getenv: func(k string) string { return env[k] }}, []string{"serve"})

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/telco-platform/coordinator/internal/base10"
 	"github.com/telco-platform/coordinator/internal/billrun"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/postgres"
@@ -17,8 +18,8 @@ func init() {
 
 func runSeed(ctx context.Context, cio cliIO, args []string) int {
 	fs := newFlagSet(cio, "seed", "--subscribers N [--first-id ID] [--suspended-ratio R] [--terminated-ratio R] [--usage] [--period YYYY-MM] [--reset] [flags]")
-	n := fs.Int64("subscribers", 0, "subscribers to create (ids from --first-id on; existing ids are kept)")
-	firstID := fs.Int64("first-id", 1, "first subscriber id")
+	n := base10.Int64(fs, "subscribers", 0, "subscribers to create (ids from --first-id on; existing ids are kept)")
+	firstID := base10.Int64(fs, "first-id", 1, "first subscriber id")
 	suspended := fs.Float64("suspended-ratio", 0, "share of SUSPENDED subscribers, 0..1")
 	terminated := fs.Float64("terminated-ratio", 0, "share of TERMINATED subscribers, 0..1")
 	usage := fs.Bool("usage", false, "add rated usage charges for --period")

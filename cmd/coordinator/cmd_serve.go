@@ -39,12 +39,17 @@ func runServe(ctx context.Context, cio cliIO, args []string) int {
 		fmt.Fprintf(cio.stderr, "coordinator serve: %v\n", err)
 		return job.ExitUsage
 	}
-	reg, err := kinds.Registry()
+	log := newLogger(cfg, cio.stderr)
+	kc := kinds.ConfigOf(cfg)
+	if err := applyTestHooks(cio.getenv, log, &kc); err != nil {
+		fmt.Fprintf(cio.stderr, "coordinator serve: %v\n", err)
+		return job.ExitUsage
+	}
+	reg, err := kc.Registry()
 	if err != nil {
 		fmt.Fprintf(cio.stderr, "coordinator serve: %v\n", err)
 		return job.ExitFailed
 	}
-	log := newLogger(cfg, cio.stderr)
 	tel, flush, code := setupTelemetry(ctx, cio, "serve", cfg, log)
 	if code != 0 {
 		return code
@@ -52,10 +57,6 @@ func runServe(ctx context.Context, cio cliIO, args []string) int {
 	defer flush()
 	r := replica.New(replica.Config{Config: cfg, Log: log, OpenLocker: openLocker, Kinds: reg, Version: versionString(),
 		Revision: vcsRevision(), Telemetry: tel})
-	if err := applyTestHooks(cio.getenv, log, reg, r); err != nil {
-		fmt.Fprintf(cio.stderr, "coordinator serve: %v\n", err)
-		return job.ExitUsage
-	}
 	defer r.Stop()
 	if err := r.Start(ctx); err != nil {
 		var se *replica.StartError

@@ -15,6 +15,7 @@ import (
 	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/kafkaconn"
+	"github.com/telco-platform/coordinator/internal/replica"
 	"github.com/telco-platform/coordinator/internal/topics"
 )
 
@@ -47,16 +48,19 @@ func runTrigger(ctx context.Context, cio cliIO, args []string) int {
 		fmt.Fprintf(cio.stderr, "coordinator %s: kind %q has no Kafka trigger topic\n", name, spec.Name)
 		return job.ExitUsage
 	}
-	key, fields := k.Encode(c.params)
+	key, fields, err := k.Encode(c.params)
+	if err != nil {
+		fmt.Fprintf(cio.stderr, "coordinator %s: %v\n", name, err)
+		return job.ExitFailed
+	}
 	value := map[string]any{}
 	for f, v := range fields {
 		value[f] = v
 	}
 	value["request_id"] = c.requestID
 	value["requested_by"] = cmp.Or(*requestedBy, "cli:"+cmp.Or(cio.getenv("USER"), "unknown"))
-	names := topics.New(cfg.KafkaTopicPrefix, reg.Topics()...)
+	names := topics.New(cfg.Kafka.TopicPrefix, reg.Topics()...)
 	rec := &kgo.Record{Topic: names.Topic(spec.Topic), Key: key}
-	var err error
 	if rec.Value, err = json.Marshal(value); err != nil {
 		fmt.Fprintf(cio.stderr, "coordinator %s: encode: %v\n", name, err)
 		return job.ExitFailed
@@ -70,12 +74,12 @@ func runTrigger(ctx context.Context, cio cliIO, args []string) int {
 	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	// Like serve: create the deployment's topics when allowed, else name the missing one.
-	if err := topics.Ensure(pctx, kadm.NewClient(cl), names, cfg.KafkaCreateTopics); err != nil {
+	if err := topics.Ensure(pctx, kadm.NewClient(cl), names, cfg.Kafka.CreateTopics); err != nil {
 		fmt.Fprintf(cio.stderr, "coordinator %s: %v\n", name, kafkaconn.Classify(err))
 		return job.ExitUnavailable
 	}
 	if err := cl.ProduceSync(pctx, rec).FirstErr(); err != nil {
-		fmt.Fprintf(cio.stderr, "coordinator %s: produce to %s via %v: %v\n", name, rec.Topic, cfg.KafkaBrokers, kafkaconn.Classify(err))
+		fmt.Fprintf(cio.stderr, "coordinator %s: produce to %s via %v: %v\n", name, rec.Topic, cfg.Kafka.Brokers, kafkaconn.Classify(err))
 		return job.ExitUnavailable
 	}
 	out, _ := json.Marshal(produced{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Key: string(rec.Key), Value: rec.Value})
@@ -92,15 +96,15 @@ func runTrigger(ctx context.Context, cio cliIO, args []string) int {
 func kafkaClient(cio cliIO, name string, cfg config.Config, opts ...kgo.Opt) (*kgo.Client, int) {
 	lc := cfg
 	var level slog.Level
-	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil || level < slog.LevelWarn {
-		lc.LogLevel = "warn"
+	if err := level.UnmarshalText([]byte(cfg.Log.Level)); err != nil || level < slog.LevelWarn {
+		lc.Log.Level = "warn"
 	}
-	sec, err := kafkaconn.Options(cfg, newLogger(lc, cio.stderr))
+	sec, err := kafkaconn.Options(replica.KafkaConn(cfg), newLogger(lc, cio.stderr))
 	if err != nil {
 		fmt.Fprintf(cio.stderr, "coordinator %s: %v\n", name, err)
 		return nil, job.ExitUsage
 	}
-	cl, err := kgo.NewClient(append(append([]kgo.Opt{kgo.SeedBrokers(cfg.KafkaBrokers...)}, sec...), opts...)...)
+	cl, err := kgo.NewClient(append(append([]kgo.Opt{kgo.SeedBrokers(cfg.Kafka.Brokers...)}, sec...), opts...)...)
 	if err != nil {
 		fmt.Fprintf(cio.stderr, "coordinator %s: kafka client: %v\n", name, err)
 		return nil, job.ExitFailed

@@ -1,11 +1,9 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,29 +19,11 @@ import (
 	"github.com/telco-platform/coordinator/internal/topics"
 )
 
-// syncBuffer is a bytes.Buffer safe for a command writing while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func kafkaCLI(t *testing.T) (map[string]string, topics.Names) {
 	t.Helper()
 	k := testenv.Kafka(t)
 	env := map[string]string{"COORDINATOR_KAFKA_BROKERS": strings.Join(k.Brokers, ","), "COORDINATOR_KAFKA_TOPIC_PREFIX": k.Suffix}
-	reg, err := kinds.Registry()
+	reg, err := kinds.Config{}.Registry()
 	require.NoError(t, err)
 	names := topics.New(k.Suffix, reg.Topics()...)
 	t.Cleanup(func() {
@@ -61,7 +41,7 @@ func kafkaCLI(t *testing.T) (map[string]string, topics.Names) {
 
 func TestTriggerBadPeriodExits64(t *testing.T) {
 	t.Parallel()
-	var out, errb syncBuffer
+	var out, errb testenv.Buffer
 	code := dispatch(context.Background(), cliIO{stdout: &out, stderr: &errb, getenv: func(string) string { return "" }},
 		[]string{"trigger", "billrun", "--period", "2026-13"})
 	require.Equal(t, job.ExitUsage, code)
@@ -69,18 +49,18 @@ func TestTriggerBadPeriodExits64(t *testing.T) {
 	code = dispatch(context.Background(), cliIO{stdout: &out, stderr: &errb, getenv: func(string) string { return "" }},
 		[]string{"trigger", "billrun"})
 	require.Equal(t, job.ExitUsage, code)
-	require.Contains(t, errb.String(), "--period is required")
+	require.Contains(t, errb.String(), "rejected (missing_period): period is required")
 	require.Empty(t, out.String())
 }
 
 func TestTriggerProducesAndWatchPrintsEvents(t *testing.T) {
 	t.Parallel()
 	env, names := kafkaCLI(t)
-	cio := func(out, errb *syncBuffer) cliIO {
+	cio := func(out, errb *testenv.Buffer) cliIO {
 		return cliIO{stdout: out, stderr: errb, getenv: func(k string) string { return env[k] }}
 	}
 
-	var out, errb syncBuffer
+	var out, errb testenv.Buffer
 	code := dispatch(context.Background(), cio(&out, &errb), []string{"trigger", "billrun", "--period", "2026-11", "--request-id", "cli-1"})
 	require.Equal(t, 0, code, errb.String())
 	var p produced
@@ -101,7 +81,7 @@ func TestTriggerProducesAndWatchPrintsEvents(t *testing.T) {
 	sink.Stop()
 
 	for _, asJSON := range []bool{false, true} {
-		var wout, werr syncBuffer
+		var wout, werr testenv.Buffer
 		args := []string{"watch", "--from-beginning"}
 		if asJSON {
 			args = append(args, "--json")
@@ -162,4 +142,44 @@ func TestHelpExitsZeroEverywhere(t *testing.T) {
 	code, _, errs := runCLI(t, map[string]string{}, "run", "nope")
 	require.Equal(t, job.ExitUsage, code)
 	require.Contains(t, errs, `unknown kind "nope"`)
+}
+
+// Integer flags are base 10 only: `--count 010` added 8 numbers (Go's
+// flag.Int64 reads a leading zero as octal), `--workers 010` ran 8 workers,
+// `0x10` was 16. Each is refused with exit 64 naming the flag, before
+// anything is contacted.
+func TestIntegerFlagsRefuseOtherBases(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"run", "replenish", "--first", "447200000000", "--count", "010"},
+		{"trigger", "replenish", "--first", "447200000000", "--count", "0x10"},
+		{"run", "reaper", "--workers", "010"},
+		{"run", "reaper", "--workers", "0b11"},
+		{"seed", "--subscribers", "010"},
+		{"run", "billrun", "--period", "2026-01", "--billrun-workers", "010"},
+	} {
+		var out, errb testenv.Buffer
+		code := dispatch(context.Background(), cliIO{stdout: &out, stderr: &errb, getenv: func(string) string { return "" }}, args)
+		require.Equal(t, job.ExitUsage, code, "%v: %s", args, errb.String())
+		flagName := args[len(args)-2]
+		require.Contains(t, errb.String(), flagName[1:], "%v names the flag: %s", args, errb.String())
+		require.Empty(t, out.String(), "%v", args)
+	}
+}
+
+// The commands read the configuration with the environment's own lookup,
+// so COORDINATOR_REAPER_SCHEDULE="" is off, not the default.
+func TestAnEmptyVariableReachesTheConfiguration(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"COORDINATOR_REAPER_SCHEDULE": ""}
+	var out, errb testenv.Buffer
+	cio := cliIO{stdout: &out, stderr: &errb, getenv: func(k string) string { return env[k] },
+		lookupEnv: func(k string) (string, bool) { v, ok := env[k]; return v, ok }}
+	cfg, _, code := loadConfig(cio, "serve", nil)
+	require.Zero(t, code, errb.String())
+	require.Empty(t, cfg.Reaper.Schedule)
+	cio.lookupEnv = nil
+	cfg, _, code = loadConfig(cio, "serve", nil)
+	require.Zero(t, code, errb.String())
+	require.Equal(t, "@every 30s", cfg.Reaper.Schedule, "without a lookup an empty variable is unset")
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/kafkaconn"
+	"github.com/telco-platform/coordinator/internal/replica"
 	"github.com/telco-platform/coordinator/internal/topics"
 )
 
@@ -35,7 +36,7 @@ func runWatch(ctx context.Context, cio cliIO, args []string) int {
 		fmt.Fprintf(cio.stderr, "coordinator watch: unexpected arguments %q\n", rest)
 		return job.ExitUsage
 	}
-	topic := topics.New(cfg.KafkaTopicPrefix).Events
+	topic := topics.New(cfg.Kafka.TopicPrefix).Events
 	start := kgo.NewOffset().AtEnd()
 	if *fromStart {
 		start = kgo.NewOffset().AtStart()
@@ -63,7 +64,7 @@ func runWatch(ctx context.Context, cio cliIO, args []string) int {
 		fmt.Fprintf(cio.stderr, "coordinator watch: %v\n", err)
 		return job.ExitUnavailable
 	}
-	fmt.Fprintf(cio.stderr, "coordinator watch: %s on %s (%s; Ctrl-C to stop)\n", topic, strings.Join(cfg.KafkaBrokers, ","), kafkaconn.Describe(cfg))
+	fmt.Fprintf(cio.stderr, "coordinator watch: %s on %s (%s; Ctrl-C to stop)\n", topic, strings.Join(cfg.Kafka.Brokers, ","), kafkaconn.Describe(replica.KafkaConn(cfg)))
 	for {
 		fetches := cl.PollFetches(ctx)
 		if ctx.Err() != nil || fetches.IsClientClosed() {

@@ -48,6 +48,17 @@ type cliIO struct {
 	stdin          io.Reader
 	stdout, stderr io.Writer
 	getenv         func(string) string
+	// lookupEnv tells an empty variable from an unset one (os.LookupEnv);
+	// nil: an empty one is unset.
+	lookupEnv func(string) (string, bool)
+}
+
+// envOptions are the configuration's view of the process environment.
+func (c cliIO) envOptions() []config.Option {
+	if c.lookupEnv == nil {
+		return nil
+	}
+	return []config.Option{config.WithLookup(c.lookupEnv)}
 }
 
 var commands = map[string]command{}
@@ -60,7 +71,7 @@ func register(c command) {
 }
 
 func main() {
-	cio := cliIO{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}
+	cio := cliIO{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv, lookupEnv: os.LookupEnv}
 	if len(os.Args) > 1 && commands[os.Args[1]].ownsSignals {
 		os.Exit(dispatch(context.Background(), cio, os.Args[1:]))
 	}
@@ -100,7 +111,7 @@ func dispatch(ctx context.Context, cio cliIO, args []string) int {
 	if !c.ownHelp && wantsHelp(args[1:]) {
 		fs := newFlagSet(cio, c.name, c.summary)
 		fs.SetOutput(cio.stdout)
-		config.Bind(fs, cio.getenv)
+		config.Bind(fs, cio.getenv, cio.envOptions()...)
 		fs.Usage()
 		return job.ExitOK
 	}
@@ -176,6 +187,12 @@ func newFlagSet(cio cliIO, name, synopsis string) *flag.FlagSet {
 func printFlags(w io.Writer, flags []*flag.Flag) {
 	for _, f := range flags {
 		typ, usage := flag.UnquoteUsage(f)
+		if g, ok := f.Value.(flag.Getter); ok && typ == "value" { // a flag type of ours (base10)
+			switch g.Get().(type) {
+			case int, int64:
+				typ = "int"
+			}
+		}
 		line := "  -" + f.Name
 		if typ != "" {
 			line += " " + typ
@@ -196,7 +213,7 @@ func printFlags(w io.Writer, flags []*flag.Flag) {
 // code to use (64; exitHelp after -h); otherwise it returns the positional
 // arguments.
 func parseConfig(cio cliIO, fs *flag.FlagSet, args []string) (config.Config, []string, int) {
-	b := config.Bind(fs, cio.getenv)
+	b := config.Bind(fs, cio.getenv, cio.envOptions()...)
 	if wantsHelp(args) {
 		fs.SetOutput(cio.stdout)
 	}
@@ -207,6 +224,9 @@ func parseConfig(cio cliIO, fs *flag.FlagSet, args []string) (config.Config, []s
 		return config.Config{}, nil, job.ExitUsage // fs already printed the error
 	}
 	cfg, err := b.Config()
+	if err == nil {
+		err = checkLockSettings(cfg) // the Redis URL is go-redis' to read
+	}
 	if err != nil {
 		fmt.Fprintf(cio.stderr, "%s: %v\n", fs.Name(), err)
 		return config.Config{}, nil, job.ExitUsage
@@ -224,10 +244,10 @@ func loadConfig(cio cliIO, name string, args []string) (config.Config, []string,
 // become records like every other.
 func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
 	var level slog.Level
-	_ = level.UnmarshalText([]byte(cfg.LogLevel))
+	_ = level.UnmarshalText([]byte(cfg.Log.Level))
 	opts := &slog.HandlerOptions{Level: level}
 	var h slog.Handler = slog.NewTextHandler(w, opts)
-	if cfg.LogFormat == "json" {
+	if cfg.Log.Format == "json" {
 		h = slog.NewJSONHandler(w, opts)
 	}
 	log := slog.New(h).With("replica", cfg.ReplicaID)

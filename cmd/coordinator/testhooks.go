@@ -7,36 +7,25 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/telco-platform/coordinator/internal/owned"
-	"github.com/telco-platform/coordinator/internal/replica"
+	"github.com/telco-platform/coordinator/internal/billrun"
+	"github.com/telco-platform/coordinator/internal/kinds"
 )
 
-// applyTestHooks sets the hooks the environment asks for on reg's kinds. A
-// bad value is an error naming it. (The Kafka session timeout, once a hook,
-// is COORDINATOR_KAFKA_SESSION_TIMEOUT.)
-func applyTestHooks(getenv func(string) string, log *slog.Logger, reg *owned.Registry, _ *replica.Replica) error {
-	read := func(env string) (time.Duration, error) {
-		raw := getenv(env)
-		if raw == "" {
-			return 0, nil
-		}
-		d, err := time.ParseDuration(raw)
-		if err != nil || d < 0 {
-			return 0, fmt.Errorf("config: %s = %q: not a duration", env, raw)
-		}
-		log.Warn("test_hook_enabled", "hook", env, "value", d)
-		return d, nil
+// applyTestHooks sets the hooks the environment asks for on the kinds'
+// configuration. A bad value is an error naming it. (The Kafka session
+// timeout, once a hook, is COORDINATOR_KAFKA_SESSION_TIMEOUT.)
+func applyTestHooks(getenv func(string) string, log *slog.Logger, kc *kinds.Config) error {
+	raw := getenv(envTestBatchDelay)
+	if raw == "" {
+		return nil
 	}
-	delay, err := read(envTestBatchDelay)
-	if err != nil {
-		return err
+	d, err := time.ParseDuration(raw)
+	if err != nil || d < 0 {
+		return fmt.Errorf("config: %s = %q: not a duration", envTestBatchDelay, raw)
 	}
-	if delay > 0 {
-		for _, k := range reg.Kinds() {
-			if d, ok := k.(interface{ SetBatchDelay(time.Duration) }); ok {
-				d.SetBatchDelay(delay)
-			}
-		}
+	log.Warn("test_hook_enabled", "hook", envTestBatchDelay, "value", d)
+	if d > 0 {
+		kc.Billrun = billrun.WithBatchDelay(kc.Billrun, d)
 	}
 	return nil
 }

@@ -35,27 +35,27 @@ func openLocker(ctx context.Context, cfg config.Config, log *slog.Logger, reg pr
 // grace and kill margin.
 func openLockerMinTrust(ctx context.Context, cfg config.Config, log *slog.Logger, reg prometheus.Registerer, minTrust time.Duration) (ownership.Locker, error) {
 	metrics := ownership.NewMetrics(reg)
-	if !cfg.LockEnabled {
+	if !cfg.Lock.Enabled {
 		log.Warn("lock_disabled_single_replica_mode",
 			"detail", "COORDINATOR_LOCK_ENABLED=false: in-memory locker, NO exclusion across replicas; run exactly one replica",
 			"owner", cfg.ReplicaID)
 		return ownership.NewMemoryLocker(ownership.MemoryConfig{
-			Owner: cfg.ReplicaID, WaitTime: lockerWait(cfg.LockWaitTime), WatchdogTimeout: cfg.LockWatchdogTimeout, Metrics: metrics,
+			Owner: cfg.ReplicaID, WaitTime: lockerWait(cfg.Lock.WaitTime), WatchdogTimeout: cfg.Lock.WatchdogTimeout, Metrics: metrics,
 		}), nil
 	}
 	opts, err := redisOptions(cfg)
 	if err != nil {
 		return nil, err
 	}
-	layout, err := redislock.ParseLayout(cfg.LockLayout)
+	layout, err := redislock.ParseLayout(cfg.Lock.Layout)
 	if err != nil {
 		return nil, fmt.Errorf("COORDINATOR_LOCK_LAYOUT: %w", err)
 	}
 	client := redis.NewUniversalClient(opts)
 	l, err := redislock.New(client, redislock.Config{
-		Prefix: cfg.LockKeyPrefix, Owner: cfg.ReplicaID, WaitTime: lockerWait(cfg.LockWaitTime),
-		WatchdogTimeout: cfg.LockWatchdogTimeout, Logger: log, Metrics: metrics,
-		WaitReplicas: cfg.LockWaitReplicas, ReplicaTimeout: cfg.LockWaitReplicasTimeout,
+		Prefix: cfg.Lock.KeyPrefix, Owner: cfg.ReplicaID, WaitTime: lockerWait(cfg.Lock.WaitTime),
+		WatchdogTimeout: cfg.Lock.WatchdogTimeout, Logger: log, Metrics: metrics,
+		WaitReplicas: cfg.Lock.WaitReplicas, ReplicaTimeout: cfg.Lock.WaitReplicasTimeout,
 		Layout: layout, MinTrust: minTrust,
 	})
 	if err != nil {
@@ -70,11 +70,11 @@ func openLockerMinTrust(ctx context.Context, cfg config.Config, log *slog.Logger
 		// changes nothing until the server's policy or the URL does.
 		_ = l.Close()
 		_ = client.Close()
-		return nil, &config.Error{Variable: "COORDINATOR_LOCK_REDIS_URL", Flag: "lock-redis-url", Value: redact.URL(cfg.LockRedisURL), Err: err}
+		return nil, &config.Error{Variable: "COORDINATOR_LOCK_REDIS_URL", Flag: "lock-redis-url", Value: redact.URL(cfg.Lock.RedisURL), Err: err}
 	case err != nil:
 		// Not fatal: acquisitions fail closed until Redis answers (and are
 		// refused then, if its eviction policy turns out unsafe).
-		log.Warn("lock_backend_unreachable", "mode", cfg.LockRedisMode, "error", err)
+		log.Warn("lock_backend_unreachable", "mode", cfg.Lock.RedisMode, "error", err)
 	}
 	return &clientLocker{Locker: l, client: client}, nil
 }
@@ -90,19 +90,42 @@ func lockerWait(d time.Duration) time.Duration {
 	return d
 }
 
+// checkLockSettings parses COORDINATOR_LOCK_REDIS_URL with go-redis, by
+// COORDINATOR_LOCK_REDIS_MODE, as the lock will: a URL it refuses, or one
+// carrying a password while COORDINATOR_LOCK_REDIS_PASSWORD_FILE is set,
+// stops the command at start naming the variable (exit 64), like every
+// setting internal/config checks. The configuration itself imports no
+// Redis client.
+func checkLockSettings(cfg config.Config) error {
+	urlErr := func(err error) error {
+		return &config.Error{Variable: "COORDINATOR_LOCK_REDIS_URL", Flag: "lock-redis-url", Value: redact.URL(cfg.Lock.RedisURL), Err: err}
+	}
+	opts, err := redislock.ParseOptions(cfg.Lock.RedisURL, cfg.Lock.RedisMode)
+	if err != nil {
+		return urlErr(err)
+	}
+	if cfg.Lock.RedisPassword != "" && opts.Password != "" {
+		return urlErr(errors.New("carries a password and COORDINATOR_LOCK_REDIS_PASSWORD_FILE is set: keep the password in one place"))
+	}
+	if cfg.Lock.RedisTLSFiles().Any() && opts.TLSConfig == nil {
+		return urlErr(errors.New("the COORDINATOR_LOCK_REDIS_TLS_* files need a rediss:// URL"))
+	}
+	return nil
+}
+
 // redisOptions are the go-redis options of the lock backend: the URL
 // (go-redis' own formats, by COORDINATOR_LOCK_REDIS_MODE), the password of
 // COORDINATOR_LOCK_REDIS_PASSWORD_FILE and, for rediss://, the CA and client
 // certificate of the COORDINATOR_LOCK_REDIS_TLS_* files.
 func redisOptions(cfg config.Config) (*redis.UniversalOptions, error) {
-	opts, err := redislock.ParseOptions(cfg.LockRedisURL, cfg.LockRedisMode)
+	opts, err := redislock.ParseOptions(cfg.Lock.RedisURL, cfg.Lock.RedisMode)
 	if err != nil {
 		return nil, err
 	}
-	if cfg.LockRedisPassword != "" {
-		opts.Password = cfg.LockRedisPassword
+	if cfg.Lock.RedisPassword != "" {
+		opts.Password = cfg.Lock.RedisPassword
 	}
-	if files := cfg.LockRedisTLSFiles(); files.Any() {
+	if files := cfg.Lock.RedisTLSFiles(); files.Any() {
 		if opts.TLSConfig == nil {
 			return nil, errors.New("redis: the COORDINATOR_LOCK_REDIS_TLS_* files need a rediss:// URL")
 		}

@@ -188,7 +188,79 @@ func TestOpenLockerPasswordFile(t *testing.T) {
 	// The password in one place only.
 	bothEnv := env(good)
 	bothEnv["COORDINATOR_LOCK_REDIS_URL"] = "redis://" + user + ":" + password + "@" + addr + "/0"
-	_, _, err = config.Load("test", nil, func(k string) string { return bothEnv[k] })
+	err = loadLock(bothEnv)
 	require.ErrorContains(t, err, "COORDINATOR_LOCK_REDIS_PASSWORD_FILE")
 	require.NotContains(t, err.Error(), password)
+}
+
+// loadLock loads the configuration as every command does: the settings,
+// then the lock's, which go-redis parses.
+func loadLock(env map[string]string) error {
+	cfg, _, err := config.Load("serve", nil, func(k string) string { return env[k] })
+	if err != nil {
+		return err
+	}
+	return checkLockSettings(cfg)
+}
+
+func TestLockURLsInGoRedisFormats(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ url, mode string }{
+		{"redis://127.0.0.1:6379/0", "single"},
+		{"rediss://coordinator@cache.internal:6380/2?dial_timeout=2s", "single"},
+		{"redis://s1:26379/0?master_name=locks&addr=s2:26379&addr=s3:26379", "sentinel"},
+		{"redis://n1:7000?addr=n2:7000&addr=n3:7000", "cluster"},
+	} {
+		require.NoError(t, loadLock(map[string]string{"COORDINATOR_LOCK_REDIS_URL": tc.url, "COORDINATOR_LOCK_REDIS_MODE": tc.mode}), tc.url)
+	}
+	// The old private format's comma list is refused with a pointer to the new one.
+	err := loadLock(map[string]string{"COORDINATOR_LOCK_REDIS_URL": "redis://:pw@a:1,b:2/0?master_name=m", "COORDINATOR_LOCK_REDIS_MODE": "sentinel"})
+	require.ErrorContains(t, err, "?addr=")
+	var cerr *config.Error
+	require.ErrorAs(t, err, &cerr)
+	require.Equal(t, "COORDINATOR_LOCK_REDIS_URL", cerr.Variable)
+	// A password in the URL and in COORDINATOR_LOCK_REDIS_PASSWORD_FILE.
+	pw := filepath.Join(t.TempDir(), "pw")
+	require.NoError(t, os.WriteFile(pw, []byte("secret\n"), 0o600))
+	err = loadLock(map[string]string{"COORDINATOR_LOCK_REDIS_URL": "redis://:other@r:6379/0", "COORDINATOR_LOCK_REDIS_PASSWORD_FILE": pw})
+	require.ErrorContains(t, err, "keep the password in one place")
+	require.NotContains(t, err.Error(), "other")
+}
+
+// The shapes of a Redis secret that used to be echoed: a password holding a
+// '%', a sentinel password, an unknown option's value.
+func TestLockURLSecretsNeverEchoed(t *testing.T) {
+	t.Parallel()
+	for _, e := range []map[string]string{
+		{"COORDINATOR_LOCK_REDIS_URL": "redis://:Hunter2%zz@r:6379/0"},
+		{"COORDINATOR_LOCK_REDIS_URL": "redis://s:6379/0?master_name=m&password=Hunter2&bogus=1", "COORDINATOR_LOCK_REDIS_MODE": "sentinel"},
+		{"COORDINATOR_LOCK_REDIS_URL": "redis://:s3nt@s:6379/0?master_name=m&frobnicate=Hunter2", "COORDINATOR_LOCK_REDIS_MODE": "sentinel"},
+		{"COORDINATOR_LOCK_REDIS_URL": "redis://r:6379/0?dial_timeout=Hunter2"},
+	} {
+		err := loadLock(e)
+		require.Error(t, err, "%v", e)
+		require.NotContains(t, err.Error(), "Hunter2", "%v", e)
+		require.NotContains(t, err.Error(), "s3nt", "%v", e)
+	}
+}
+
+// FuzzLockURLSecretsNeverEchoed: whatever the Redis URL's secrets hold, the
+// error that refuses it never shows them.
+func FuzzLockURLSecretsNeverEchoed(f *testing.F) {
+	for _, s := range []string{"hunter2", "p%zz", "a#b", "a@b/c?d", "", "%", ",x:1", "&password=x", "\n"} {
+		f.Add(s, uint8(0))
+	}
+	f.Fuzz(func(t *testing.T, fuzz string, which uint8) {
+		secret := "S3CR" + fuzz + "T0P"
+		settings := []map[string]string{
+			{"COORDINATOR_LOCK_REDIS_URL": "redis://:" + secret + "@r:6379/0"},
+			{"COORDINATOR_LOCK_REDIS_URL": "rediss://u:" + secret + "@r:6380/0?" + fuzz, "COORDINATOR_LOCK_REDIS_MODE": "cluster"},
+			{"COORDINATOR_LOCK_REDIS_URL": "redis://s:" + secret + "@s:26379/0?master_name=m&password=" + secret + "&" + fuzz, "COORDINATOR_LOCK_REDIS_MODE": "sentinel"},
+			{"COORDINATOR_LOCK_REDIS_URL": "redis://r:6379/0?opt_" + fuzz + "=" + secret},
+		}
+		e := settings[int(which)%len(settings)]
+		if err := loadLock(e); err != nil && (strings.Contains(err.Error(), "S3CR") || strings.Contains(err.Error(), "T0P")) {
+			t.Fatalf("%v: error shows the secret: %v", e, err)
+		}
+	})
 }

@@ -71,11 +71,18 @@ where a.lock_fence is null or a.lock_fence <= excluded.lock_fence
 returning a.fence`
 
 // sqlAdjustFence proves, inside the adjustment transaction, that the claim
-// is still ours (FOR SHARE conflicts with a new claim's upsert).
+// is still ours (FOR SHARE conflicts with a new claim's upsert). Like the
+// bill run's completion (sqlCompleteFence), the transaction commits with
+// synchronous_commit at least on: its invoices and adjustments are
+// reported once it commits, and nothing runs an adjustment again, so a
+// server that acknowledges commits early must not lose them.
 //
 // $1 period, $2 claim fence, $3 idle-in-transaction timeout.
 const sqlAdjustFence = `
-select a.fence, set_config('idle_in_transaction_session_timeout', $3, true)
+select a.fence, set_config('idle_in_transaction_session_timeout', $3, true),
+       set_config('synchronous_commit',
+                  case when current_setting('synchronous_commit') in ('off', 'local') then 'on'
+                       else current_setting('synchronous_commit') end, true)
 from bill_run_adjustments a
 where a.period = $1 and a.fence = $2 and a.status = 'RUNNING'
 for share`
@@ -286,8 +293,8 @@ func (w *Worker) adjustOnce(ctx context.Context, p Period, fence int64) (adjuste
 		_ = tx.Rollback(rbCtx) // no-op after Commit
 	}()
 	var got int64
-	var idle string
-	err = tx.QueryRow(ctx, sqlAdjustFence, p.String(), fence, w.cfg.IdleInTransactionTimeout.String()).Scan(&got, &idle)
+	var idle, syncCommit string
+	err = tx.QueryRow(ctx, sqlAdjustFence, p.String(), fence, w.cfg.IdleInTransactionTimeout.String()).Scan(&got, &idle, &syncCommit)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return a, errFenceLost
 	}

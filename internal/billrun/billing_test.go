@@ -257,7 +257,7 @@ func TestLateUsageIsReportedAndAdjusted(t *testing.T) {
 	r := b.runner(billrun.Config{BatchSize: 2})
 
 	adjust := func() job.Result {
-		return r.template.Run(ctx, r.kind, billrun.Request{Period: p, Adjust: true}, trig())
+		return r.template.Run(ctx, r.kind, params(r.kind, billrun.Request{Period: p, Adjust: true}), trig())
 	}
 	res := adjust()
 	require.Equal(t, job.OutcomeFailed, res.Outcome, "nothing to adjust before the bill run")
@@ -359,12 +359,12 @@ func TestStaleAdjustmentCannotCommit(t *testing.T) {
 
 	adjust := billrun.Request{Period: period, Adjust: true}
 	r := b.runner(billrun.Config{})
-	stale, res := r.template.Begin(ctx, r.kind, adjust, trig())
+	stale, res := r.template.Begin(ctx, r.kind, params(r.kind, adjust), trig())
 	require.NotNil(t, stale, res.Error)
 	other := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "replica-b"})
 	defer other.Close()
 	o := b.runnerWith(other, "", billrun.Config{})
-	fresh, res := o.template.Begin(ctx, o.kind, adjust, trig())
+	fresh, res := o.template.Begin(ctx, o.kind, params(o.kind, adjust), trig())
 	require.NotNil(t, fresh, res.Error)
 	require.Equal(t, stale.Fence()+1, fresh.Fence())
 

@@ -11,9 +11,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/telco-platform/coordinator/internal/billrun"
-	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
+	"github.com/telco-platform/coordinator/internal/ownership"
 )
 
 func mustZone(t *testing.T, name string) *time.Location {
@@ -86,7 +86,7 @@ func TestCalendarAdmit(t *testing.T) {
 	require.Equal(t, "2026-11", utc.Current().String())
 }
 
-func kindAt(now time.Time, zone *time.Location) *billrun.Kind {
+func kindAt(now time.Time, zone *time.Location) owned.Kind {
 	return billrun.New(billrun.Config{Calendar: billrun.Calendar{Zone: zone, Now: func() time.Time { return now }}})
 }
 
@@ -111,37 +111,38 @@ func TestDecodeAdmitsClosedPeriodsOnly(t *testing.T) {
 	cases := []struct {
 		body   string
 		reason string
-		want   owned.Params
+		want   billrun.Request
 	}{
-		{`{"period":"2026-11"}`, "", billrun.Period{Year: 2026, Month: time.November}},
-		{`{"period":"2026-12"}`, billrun.ReasonPeriodNotClosed, nil},
-		{`{"period":"2026-12","force":true}`, billrun.ReasonPeriodNotClosed, nil},
-		{`{"period":"2999-12"}`, billrun.ReasonPeriodNotClosed, nil},
-		{`{"period":"2024-12"}`, "", billrun.Period{Year: 2024, Month: time.December}},
-		{`{"period":"2024-11"}`, billrun.ReasonPeriodTooOld, nil},
+		{`{"period":"2026-11"}`, "", billrun.Request{Period: billrun.Period{Year: 2026, Month: time.November}}},
+		{`{"period":"2026-12"}`, billrun.ReasonPeriodNotClosed, billrun.Request{}},
+		{`{"period":"2026-12","force":true}`, billrun.ReasonPeriodNotClosed, billrun.Request{}},
+		{`{"period":"2999-12"}`, billrun.ReasonPeriodNotClosed, billrun.Request{}},
+		{`{"period":"2024-12"}`, "", billrun.Request{Period: billrun.Period{Year: 2024, Month: time.December}}},
+		{`{"period":"2024-11"}`, billrun.ReasonPeriodTooOld, billrun.Request{}},
 		{`{"period":"2000-01","force":true}`, "", billrun.Request{Period: billrun.Period{Year: 2000, Month: time.January}, Force: true}},
 		{`{"period":"2026-10","adjust":true}`, "", billrun.Request{Period: billrun.Period{Year: 2026, Month: time.October}, Adjust: true}},
-		{`{"period":"2026-11","force":false}`, "", billrun.Period{Year: 2026, Month: time.November}},
-		{`{"period":"2026-11","force":"yes"}`, owned.ReasonMalformedJSON, nil},
+		{`{"period":"2026-11","force":false}`, "", billrun.Request{Period: billrun.Period{Year: 2026, Month: time.November}}},
+		{`{"period":"2026-11","force":"yes"}`, owned.ReasonMalformedJSON, billrun.Request{}},
 	}
 	for _, src := range []job.Source{job.SourceKafka, job.SourceHTTP} {
 		for _, c := range cases {
 			p, err := decode(k, src, "", c.body)
 			if c.reason == "" {
 				require.NoError(t, err, c.body)
-				require.Equal(t, c.want, p, c.body)
+				require.Equal(t, params(k, c.want), p, c.body)
 				continue
 			}
 			require.Equal(t, c.reason, owned.RejectionOf(err).Reason, "%s %s: %v", src, c.body, err)
 		}
 	}
-	key, fields := k.Encode(billrun.Request{Period: billrun.Period{Year: 2000, Month: time.January}, Force: true})
+	key, fields, err := k.Encode(params(k, billrun.Request{Period: billrun.Period{Year: 2000, Month: time.January}, Force: true}))
+	require.NoError(t, err)
 	require.Equal(t, "2000-01", string(key))
 	require.Equal(t, map[string]any{"period": "2000-01", "force": true}, fields)
-	require.Equal(t, "billrun:2026-10", k.LockKey(billrun.Request{Period: billrun.Period{Year: 2026, Month: time.October}, Adjust: true}))
+	require.Equal(t, "billrun:2026-10", k.LockKey(params(k, billrun.Request{Period: billrun.Period{Year: 2026, Month: time.October}, Adjust: true})))
 }
 
-// The CLI's flags: the same rules, errors that exit 64.
+// The CLI's flags: the same rules (Decode's), errors that exit 64.
 func TestFlagsAdmitClosedPeriodsOnly(t *testing.T) {
 	t.Parallel()
 	k := kindAt(time.Date(2026, time.December, 3, 7, 0, 0, 0, time.UTC), nil)
@@ -150,41 +151,59 @@ func TestFlagsAdmitClosedPeriodsOnly(t *testing.T) {
 		fs.SetOutput(io.Discard)
 		build := k.Flags(fs)
 		require.NoError(t, fs.Parse(args))
-		return build(fs.Args())
+		in, err := build(fs.Args())
+		if err != nil {
+			return owned.Params{}, err
+		}
+		return k.Decode(in)
 	}
 	p, err := parse("--period", "2026-11")
 	require.NoError(t, err)
-	require.Equal(t, billrun.Period{Year: 2026, Month: time.November}, p)
+	require.Equal(t, params(k, billrun.Request{Period: billrun.Period{Year: 2026, Month: time.November}}), p)
+	_, err = parse()
+	require.Equal(t, billrun.ReasonMissingPeriod, owned.RejectionOf(err).Reason)
 	for _, args := range [][]string{{"--period", "2026-12"}, {"--period", "2026-12", "--force"}, {"--period", "2999-12"}, {"--period", "2020-01"}} {
 		_, err := parse(args...)
 		require.ErrorIs(t, err, job.ErrBadInput, "%v", args)
 	}
 	p, err = parse("--period", "2020-01", "--force")
 	require.NoError(t, err)
-	require.Equal(t, billrun.Request{Period: billrun.Period{Year: 2020, Month: time.January}, Force: true}, p)
+	require.Equal(t, params(k, billrun.Request{Period: billrun.Period{Year: 2020, Month: time.January}, Force: true}), p)
 	p, err = parse("--period", "2026-11", "--adjust")
 	require.NoError(t, err)
-	require.Equal(t, billrun.Request{Period: billrun.Period{Year: 2026, Month: time.November}, Adjust: true}, p)
+	require.Equal(t, params(k, billrun.Request{Period: billrun.Period{Year: 2026, Month: time.November}, Adjust: true}), p)
 }
 
-// Configure (the deployment's configuration) sets what New left unset.
-func TestConfigureTakesTheDeploymentsZoneAndLimit(t *testing.T) {
+// The kind admits periods by its Config's calendar: its zone and age
+// limit (internal/kinds maps COORDINATOR_BILLING_TZ and
+// COORDINATOR_BILLRUN_MAX_AGE_MONTHS onto them).
+func TestTheConfiguredZoneAndLimitDecide(t *testing.T) {
 	t.Parallel()
 	// 2026-11-30T23:30Z: closed in Berlin, open in UTC.
 	now := time.Date(2026, time.November, 30, 23, 30, 0, 0, time.UTC)
 	k := kindAt(now, nil)
 	_, err := decode(k, job.SourceKafka, "", `{"period":"2026-11"}`)
 	require.Equal(t, billrun.ReasonPeriodNotClosed, owned.RejectionOf(err).Reason)
-	k.Configure(config.Config{BillingZone: mustZone(t, "Europe/Berlin"), BillrunMaxAgeMonths: 1})
+	k = billrun.New(billrun.Config{Calendar: billrun.Calendar{Zone: mustZone(t, "Europe/Berlin"), MaxAgeMonths: 1,
+		Now: func() time.Time { return now }}})
 	_, err = decode(k, job.SourceKafka, "", `{"period":"2026-11"}`)
 	require.NoError(t, err)
 	_, err = decode(k, job.SourceKafka, "", `{"period":"2026-10"}`)
 	require.Equal(t, billrun.ReasonPeriodTooOld, owned.RejectionOf(err).Reason)
+}
 
-	fixed := billrun.New(billrun.Config{Calendar: billrun.Calendar{Zone: time.UTC, Now: func() time.Time { return now }}})
-	fixed.Configure(config.Config{BillingZone: mustZone(t, "Europe/Berlin")})
-	_, err = decode(fixed, job.SourceKafka, "", `{"period":"2026-11"}`)
-	require.Equal(t, billrun.ReasonPeriodNotClosed, owned.RejectionOf(err).Reason, "New's zone wins")
+// schedule opens k as a replica does and returns its schedule.
+func schedule(t *testing.T, k owned.Kind) owned.Schedule {
+	t.Helper()
+	reg, err := owned.NewRegistry(k)
+	require.NoError(t, err)
+	l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "r"})
+	t.Cleanup(func() { _ = l.Close() })
+	r, err := owned.NewRunner(reg, owned.RunnerConfig{Deps: owned.Deps{Locker: l}})
+	require.NoError(t, err)
+	s := r.Schedules()
+	require.Len(t, s, 1)
+	return s[0]
 }
 
 // The schedule fires in the billing zone unless it names one, and a tick
@@ -192,16 +211,14 @@ func TestConfigureTakesTheDeploymentsZoneAndLimit(t *testing.T) {
 func TestScheduleAndTickUseTheBillingZone(t *testing.T) {
 	t.Parallel()
 	tokyo := mustZone(t, "Asia/Tokyo")
-	w, err := billrun.New(billrun.Config{}).Open(owned.Deps{Config: config.Config{BillrunSchedule: "0 5 0 1 * *", BillingZone: tokyo}})
-	require.NoError(t, err)
-	s := w.(owned.Scheduler)
-	require.Equal(t, "CRON_TZ=Asia/Tokyo 0 5 0 1 * *", s.Schedule())
+	k := billrun.New(billrun.Config{Schedule: "0 5 0 1 * *", Calendar: billrun.Calendar{Zone: tokyo}})
+	s := schedule(t, k)
+	require.Equal(t, "CRON_TZ=Asia/Tokyo 0 5 0 1 * *", s.Spec)
 	// 00:05 on 1 December in Tokyo is still 30 November in UTC.
 	p, err := s.Tick(time.Date(2026, time.November, 30, 15, 5, 0, 0, time.UTC))
 	require.NoError(t, err)
-	require.Equal(t, billrun.Period{Year: 2026, Month: time.November}, p)
+	require.Equal(t, params(k, billrun.Request{Period: billrun.Period{Year: 2026, Month: time.November}}), p)
 
-	w, err = billrun.New(billrun.Config{}).Open(owned.Deps{Config: config.Config{BillrunSchedule: "CRON_TZ=UTC 0 5 0 1 * *", BillingZone: tokyo}})
-	require.NoError(t, err)
-	require.Equal(t, "CRON_TZ=UTC 0 5 0 1 * *", w.(owned.Scheduler).Schedule(), "a spec naming its zone is kept")
+	s = schedule(t, billrun.New(billrun.Config{Schedule: "CRON_TZ=UTC 0 5 0 1 * *", Calendar: billrun.Calendar{Zone: tokyo}}))
+	require.Equal(t, "CRON_TZ=UTC 0 5 0 1 * *", s.Spec, "a spec naming its zone is kept")
 }

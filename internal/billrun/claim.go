@@ -28,8 +28,7 @@ import (
 // decode, this is the backstop. The first claim records the population
 // cutoff (the period's instants in the billing zone, the zone, the claim
 // time); a resume keeps it.
-func (w *Worker) Claim(ctx context.Context, run *owned.Run, params owned.Params) (int64, error) {
-	req := requestOf(params)
+func (w *Worker) Claim(ctx context.Context, run *owned.Run, req Request) (int64, error) {
 	p := req.Period
 	if !p.Valid() {
 		return 0, job.BadInput("period %q is outside %d-01..%d-12", p.String(), MinYear, MaxYear)
@@ -92,7 +91,7 @@ func (w *Worker) Claim(ctx context.Context, run *owned.Run, params owned.Params)
 }
 
 // AlreadyCompleted answers, before the lock, a trigger for a period whose
-// bill run is COMPLETED (owned.CompletedChecker): one statement reads the
+// bill run is COMPLETED (owned.Worker.AlreadyCompleted): one statement reads the
 // row and checks the late usage from the period's kept check (late.go), by
 // index, never reading the period's invoices. The answer is the one Claim
 // gives under the lock: the run that completed it, the period's totals,
@@ -111,8 +110,7 @@ func (w *Worker) Claim(ctx context.Context, run *owned.Run, params owned.Params)
 // answered at that instant. A row set back by hand is read as it is: the
 // triggers that read it COMPLETED before the change were answered as
 // before it, as under the lock; those after it go the locked way.
-func (w *Worker) AlreadyCompleted(ctx context.Context, run *owned.Run, params owned.Params) (*owned.CompletedError, error) {
-	req := requestOf(params)
+func (w *Worker) AlreadyCompleted(ctx context.Context, run *owned.Run, req Request) (*owned.CompletedError, error) {
 	p := req.Period
 	if req.Adjust || !p.Valid() || !w.cfg.Calendar.Closed(p) {
 		return nil, nil
@@ -148,15 +146,15 @@ func transient(err error) error {
 
 // Incomplete lists the periods whose bill run was accepted and is not
 // COMPLETED (RUNNING, whose owner may be gone; INTERRUPTED; FAILED), for
-// the resumer (owned.Resumable). A RUNNING row whose owner still holds the
+// the resumer (owned.Worker.Incomplete). A RUNNING row whose owner still holds the
 // lock is listed too; the resumer finds the lock held.
-func (w *Worker) Incomplete(ctx context.Context) ([]owned.Incomplete, error) {
+func (w *Worker) Incomplete(ctx context.Context) ([]owned.Incomplete[Request], error) {
 	rows, err := w.pool.Query(ctx, sqlIncomplete)
 	if err != nil {
 		return nil, fmt.Errorf("billrun: list incomplete runs: %w", err)
 	}
 	defer rows.Close()
-	var out []owned.Incomplete
+	var out []owned.Incomplete[Request]
 	for rows.Next() {
 		var (
 			period, status, requestID, requestedBy, source string
@@ -171,7 +169,7 @@ func (w *Worker) Incomplete(ctx context.Context) ([]owned.Incomplete, error) {
 		}
 		// Force: the run was admitted when it was first claimed; the age
 		// limit must not stop its resumption (closed is checked again).
-		out = append(out, owned.Incomplete{Params: Request{Period: p, Force: true}, Since: since, State: status,
+		out = append(out, owned.Incomplete[Request]{Params: Request{Period: p, Force: true}, Since: since, State: status,
 			Trigger: job.Trigger{Source: job.Source(source), RequestID: requestID, RequestedBy: requestedBy}})
 	}
 	if err := rows.Err(); err != nil {

@@ -31,6 +31,12 @@ import (
 //     synchronous_commit on, so the completion and everything before it is
 //     durable before run.completed goes out.
 //
+// The transaction reads one snapshot (REPEATABLE READ), so the three steps
+// see the same population: a subscriber that changes into it meanwhile is
+// a change after the run, not a gap the repair left open. Transient errors
+// (a dropped connection, a serialization failure) try it again whole; a
+// superseded fence or a gap left open ends it at once (transientErr).
+//
 // A gap that cannot be repaired (the repair fails, or subscribers are still
 // missing after it) rolls the transaction back: the run is FAILED, a
 // retryable failure the resumer retries, and it pages
@@ -45,6 +51,10 @@ const completeTimeout = 5 * time.Minute
 // maxRepairRanges bounds the id ranges a repair logs.
 const maxRepairRanges = 20
 
+// maxOutsideIDs bounds the subscriber ids of invoices outside the
+// population a completion logs.
+const maxOutsideIDs = 20
+
 // reconciliation is what a run's reconcile found and did.
 type reconciliation struct {
 	population int64   // the population at the cutoff
@@ -53,6 +63,8 @@ type reconciliation struct {
 	repaired   int64   // invoices the repair inserted
 	ranges     int64   // id ranges of the repaired subscribers
 	shown      [][2]int64
+	outside    int64   // the period's invoices of subscribers outside the population
+	outsideIDs []int64 // the first of them
 	took       time.Duration
 }
 
@@ -97,7 +109,13 @@ func (x *execution) complete(ctx context.Context, planned int64) (counts map[str
 
 func (x *execution) completeOnce(ctx context.Context, planned int64) (map[string]int64, reconciliation, error) {
 	var rec reconciliation
-	tx, err := x.pool.Begin(ctx)
+	// One snapshot for the reconcile, the repair, the count after it and the
+	// totals: a subscriber that changes into the population while the
+	// completion runs is a change after the cutoff (the adjustment run's),
+	// not a gap the repair left open. A conflicting invoice committed since
+	// the snapshot is a serialization failure: transient, the completion is
+	// tried again.
+	tx, err := x.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 	if err != nil {
 		return nil, rec, err
 	}
@@ -155,6 +173,7 @@ func (x *execution) completeOnce(ctx context.Context, planned int64) (map[string
 	counts[CountInvoicesCreated] += rec.repaired
 	if population != nil {
 		counts[CountPopulation] = rec.population
+		counts[CountOutsidePopulation] = rec.outside
 	}
 	if unrecorded := planned - t.periodBatches; unrecorded > 0 {
 		// Batches the run saw commit are not in bill_run_batches: their
@@ -175,10 +194,12 @@ func (x *execution) reconcile(ctx context.Context, tx pgx.Tx) (reconciliation, e
 	var rec reconciliation
 	began := time.Now()
 	defer func() { x.cfg.Metrics.observeReconcile(time.Since(began)) }()
+	var invoiced int64
 	if err := tx.QueryRow(ctx, sqlReconcile, x.period.String(), x.cut.start, x.cut.end, x.cut.at).
-		Scan(&rec.population, &rec.missing, &rec.unbilled); err != nil {
+		Scan(&rec.population, &rec.missing, &invoiced, &rec.unbilled); err != nil {
 		return rec, err
 	}
+	left := rec.missing
 	if rec.missing > 0 {
 		var (
 			fenced       bool
@@ -198,13 +219,20 @@ func (x *execution) reconcile(ctx context.Context, tx pgx.Tx) (reconciliation, e
 		for i := range firsts {
 			rec.shown = append(rec.shown, [2]int64{firsts[i], last[i]})
 		}
-		var left int64
 		if err := tx.QueryRow(ctx, sqlReconcile, x.period.String(), x.cut.start, x.cut.end, x.cut.at).
-			Scan(&rec.population, &left, &rec.unbilled); err != nil {
+			Scan(&rec.population, &left, &invoiced, &rec.unbilled); err != nil {
 			return rec, err
 		}
 		if left > 0 {
 			return rec, &UnreconciledError{Period: x.period, Missing: left}
+		}
+	}
+	// "Exactly the population" also means no invoice beyond it; those are
+	// reported, not deleted (an invoice is evidence).
+	if rec.outside = invoiced - (rec.population - left); rec.outside > 0 {
+		if err := tx.QueryRow(ctx, sqlOutsidePopulation, x.period.String(), x.cut.start, x.cut.end, x.cut.at, maxOutsideIDs).
+			Scan(&rec.outsideIDs); err != nil {
+			return rec, err
 		}
 	}
 	rec.took = time.Since(began)

@@ -9,8 +9,6 @@ import (
 	"github.com/telco-platform/coordinator/internal/owned"
 )
 
-var _ owned.CompletionRecorder = (*Worker)(nil)
-
 // sqlCompletionPublished records that Kafka acknowledged the run.completed
 // of the period's completion under claim fence $2 (completed_event_at):
 // the fence names the completion whose event was acknowledged.
@@ -37,12 +35,12 @@ limit $2`
 
 // RecordsCompletion: a bill run's completion is recorded
 // (bill_runs.completed_event_at); an adjustment run's is not.
-func (w *Worker) RecordsCompletion(p owned.Params) bool { return !requestOf(p).Adjust }
+func (w *Worker) RecordsCompletion(r Request) bool { return !r.Adjust }
 
 // CompletionPublished marks the period's completion under fence as
-// acknowledged (owned.CompletionRecorder).
-func (w *Worker) CompletionPublished(ctx context.Context, p owned.Params, fence int64) error {
-	period := requestOf(p).Period
+// acknowledged (owned.Completions).
+func (w *Worker) CompletionPublished(ctx context.Context, r Request, fence int64) error {
+	period := r.Period
 	if _, err := w.pool.Exec(ctx, sqlCompletionPublished, period.String(), fence); err != nil {
 		return fmt.Errorf("billrun: mark %s's run.completed published: %w", period, err)
 	}
@@ -51,14 +49,14 @@ func (w *Worker) CompletionPublished(ctx context.Context, p owned.Params, fence 
 
 // UnpublishedCompletions lists the COMPLETED bill runs whose run.completed
 // was not acknowledged, finished more than olderThan ago, with the period's
-// totals from bill_runs (owned.CompletionRecorder).
-func (w *Worker) UnpublishedCompletions(ctx context.Context, olderThan time.Duration, limit int) ([]owned.Completion, error) {
+// totals from bill_runs (owned.Completions).
+func (w *Worker) UnpublishedCompletions(ctx context.Context, olderThan time.Duration, limit int) ([]owned.Completion[Request], error) {
 	rows, err := w.pool.Query(ctx, sqlUnpublishedCompletions, olderThan.Seconds(), limit)
 	if err != nil {
 		return nil, fmt.Errorf("billrun: list unpublished completions: %w", err)
 	}
 	defer rows.Close()
-	var out []owned.Completion
+	var out []owned.Completion[Request]
 	for rows.Next() {
 		var (
 			period, eventID, owner, requestID, requestedBy, principal, source string
@@ -84,8 +82,8 @@ func (w *Worker) UnpublishedCompletions(ctx context.Context, olderThan time.Dura
 		if population != nil {
 			counts[CountPopulation] = *population
 		}
-		out = append(out, owned.Completion{
-			Params: p, EventID: eventID, Owner: owner, Fence: fence, LockFence: lockFence, Finished: finished,
+		out = append(out, owned.Completion[Request]{
+			Params: Request{Period: p}, EventID: eventID, Owner: owner, Fence: fence, LockFence: lockFence, Finished: finished,
 			Trigger: job.Trigger{Source: job.Source(source), RequestID: requestID, RequestedBy: requestedBy, Principal: principal},
 			// The period's totals, as the original event carried them, with
 			// what its completion repaired and counted; the run's own counts

@@ -222,7 +222,7 @@ func TestAdjustmentRunCompletedKeepsItsOwnID(t *testing.T) {
 
 	_, err := b.pool.Exec(ctx, `insert into usage_charges (subscriber_id, period, amount_cents) values (1, $1, 30)`, period.String())
 	require.NoError(t, err)
-	adj := r.template.Run(ctx, r.kind, billrun.Request{Period: period, Adjust: true}, trig())
+	adj := r.template.Run(ctx, r.kind, params(r.kind, billrun.Request{Period: period, Adjust: true}), trig())
 	require.Equal(t, job.OutcomeCompleted, adj.Outcome, adj.Error)
 	done := em.completed()
 	require.Len(t, done, 2)

@@ -3,8 +3,11 @@ package billrun
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/telco-platform/coordinator/internal/cronspec"
 )
 
 // The defaults of Config.BatchSize and Config.Workers (and of their
@@ -16,9 +19,14 @@ const (
 	DefaultWorkers   = 4
 )
 
-// Config tunes the bill-run Worker. Zero fields take the deployment's
-// configuration where it has the setting, else the defaults named here.
+// Config configures the bill-run kind. Zero fields take the defaults named
+// here; internal/kinds maps the process's configuration (the
+// COORDINATOR_BILLRUN_* and COORDINATOR_BILLING_TZ variables) onto it.
 type Config struct {
+	// Schedule is the robfig/cron spec that bills the previous month when it
+	// fires (COORDINATOR_BILLRUN_SCHEDULE); one that names no zone fires in
+	// the billing zone. Default empty: not scheduled.
+	Schedule string
 	// BatchSize is subscribers (of the period's population) per batch
 	// transaction.
 	// COORDINATOR_BILLRUN_BATCH_SIZE, default DefaultBatchSize.
@@ -44,14 +52,14 @@ type Config struct {
 	// ConflictSample is the most subscriber ids a billrun.invoice_conflict
 	// event lists. Default 20.
 	ConflictSample int
-	// Logger gets the run's log lines. Default: the deployment's.
+	// Logger gets the run's log lines. Default: Deps.Log.
 	Logger *slog.Logger
 	// Metrics records the coordinator_billrun_ series. Default: new ones
-	// on the deployment's registerer.
+	// on Deps.Registerer.
 	Metrics *Metrics
-	// Calendar is the billing zone, the age limit and the clock. Unset
-	// fields take the deployment's (COORDINATOR_BILLING_TZ,
-	// COORDINATOR_BILLRUN_MAX_AGE_MONTHS), else UTC and 24 months.
+	// Calendar is the billing zone (COORDINATOR_BILLING_TZ), the age limit
+	// (COORDINATOR_BILLRUN_MAX_AGE_MONTHS) and the clock. Default UTC, 24
+	// months, time.Now.
 	Calendar Calendar
 
 	// beforeBatch is a test seam (export_test.go, and binaries built with
@@ -61,16 +69,43 @@ type Config struct {
 	beforeBatch func(ctx context.Context, firstID, lastID int64) error
 }
 
+// withDefaults fills the zero fields. The Logger stays nil for open to
+// fill from Deps.
 func (c Config) withDefaults() Config {
-	c.BatchSize = max(cmp.Or(c.BatchSize, DefaultBatchSize), 1)
-	c.Workers = max(cmp.Or(c.Workers, DefaultWorkers), 1)
-	c.MaxBatchAttempts = max(cmp.Or(c.MaxBatchAttempts, 5), 1)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.Workers = cmp.Or(c.Workers, DefaultWorkers)
+	c.MaxBatchAttempts = cmp.Or(c.MaxBatchAttempts, 5)
 	c.RetryBackoff = cmp.Or(c.RetryBackoff, 200*time.Millisecond)
 	c.IdleInTransactionTimeout = cmp.Or(c.IdleInTransactionTimeout, 10*time.Second)
 	c.ConflictSample = cmp.Or(c.ConflictSample, 20)
 	c.Calendar = c.Calendar.withDefaults()
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
 	return c
+}
+
+// Limits of Config's fields (and of their COORDINATOR_BILLRUN_* variables).
+const (
+	MaxBatchSize    = 100_000
+	MaxWorkers      = 256
+	MaxMaxAgeMonths = 12_000
+)
+
+// validate reports the first field out of range, naming it and its value.
+func (c Config) validate() error {
+	c = c.withDefaults()
+	switch {
+	case c.BatchSize < 1 || c.BatchSize > MaxBatchSize:
+		return fmt.Errorf("billrun: Config.BatchSize = %d: must be 1..%d", c.BatchSize, MaxBatchSize)
+	case c.Workers < 1 || c.Workers > MaxWorkers:
+		return fmt.Errorf("billrun: Config.Workers = %d: must be 1..%d", c.Workers, MaxWorkers)
+	case c.MaxBatchAttempts < 1:
+		return fmt.Errorf("billrun: Config.MaxBatchAttempts = %d: must be at least 1", c.MaxBatchAttempts)
+	case c.Calendar.MaxAgeMonths > MaxMaxAgeMonths:
+		return fmt.Errorf("billrun: Config.Calendar.MaxAgeMonths = %d: must be 1..%d", c.Calendar.MaxAgeMonths, MaxMaxAgeMonths)
+	}
+	if c.Schedule != "" {
+		if _, err := cronspec.Parse(c.Schedule); err != nil {
+			return fmt.Errorf("billrun: Config.Schedule = %q: %w", c.Schedule, err)
+		}
+	}
+	return nil
 }

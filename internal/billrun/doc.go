@@ -1,13 +1,19 @@
 // Package billrun runs a billing period's bill run with one owner across
 // replicas: ADR-024's (docs/adr/024-distributed-lock-strategy.md) first consumer (billing-service's RunBillCommandHandler
-// and BillRunBatchProcessor, re-thought). It is a kind of owned run (Kind;
-// its Worker is a Claimer): the owned template takes the lock, calls Claim
-// and Run, emits the ownership events and releases; this package claims,
-// plans and runs the fenced batches. Files: kind.go (the kind: spec,
-// decoding, flags), calendar.go (which periods may be billed), claim.go,
-// plan.go, batch.go, retry.go, run.go (the run's end), complete.go (what
-// COMPLETED proves: reconcile, repair, complete), adjust.go (late usage,
-// unbilled subscribers and adjustment runs), status.go, sql.go.
+// and BillRunBatchProcessor, re-thought). It is a kind of owned run (New
+// defines it; its Worker has a Claim): the owned template takes the lock,
+// calls Claim and Run, emits the ownership events and releases; this
+// package claims, plans and runs the fenced batches.
+//
+// Files: config.go (Config, its defaults and checks), kind.go (the kind:
+// decoding, flags, the Worker's capabilities), period.go and calendar.go
+// (periods, and which may be billed), claim.go, plan.go, batch.go, retry.go,
+// run.go (a run, and its end), progress.go (the progress total),
+// complete.go (what COMPLETED proves: reconcile, repair, complete),
+// completion.go (run.completed at least once), adjust.go (late usage,
+// unbilled subscribers and adjustment runs), status.go, metrics.go, seed.go (test and demo data),
+// sql.go; testhooks.go, sabotage.go and sabotage_chaos.go by build tag
+// (TestDocListsEveryFile keeps this list whole).
 //
 // # Billing periods
 //
@@ -18,8 +24,9 @@
 // record goes to the DLQ, HTTP answers 422, the CLI exits 64), whatever
 // force says, and by Claim as a backstop. A period more than MaxAgeMonths
 // (COORDINATOR_BILLRUN_MAX_AGE_MONTHS, 24) before the current month needs
-// force (period_too_old). The kind learns the zone and the limit from the
-// deployment through owned.Configurer; the schedule fires in the billing zone
+// force (period_too_old). The zone and the limit are the kind's Config
+// (Calendar; internal/kinds maps COORDINATOR_BILLING_TZ and
+// COORDINATOR_BILLRUN_MAX_AGE_MONTHS onto it); the schedule fires in the billing zone
 // unless its spec names one, and a tick bills the month before the tick's
 // there.
 //
@@ -74,15 +81,16 @@
 //     (c) INSERT into bill_run_batches (range, fence, owner, counts); the
 //     statement's end commits.
 //  5. Complete (complete.go), once every planned batch committed: one
-//     transaction that holds the row under the fence (FOR NO KEY UPDATE)
-//     reconciles the period in the database (sqlReconcile: the population
+//     transaction, one snapshot (REPEATABLE READ), that holds the row
+//     under the fence (FOR NO KEY UPDATE) reconciles the period in the
+//     database (sqlReconcile: the population
 //     at the cutoff, anti-joined with the period's invoices), bills any
 //     member without an invoice under the same fence (sqlRepair: sqlBatch's
 //     fence check and invoicing, ON CONFLICT DO NOTHING; counted as
 //     repaired, logged with the id ranges), checks none is left, and marks
 //     the row COMPLETED with the counts read back from the database
 //     (sqlFinish), committing with synchronous_commit on; then run.completed
-//     (with population, repaired, empty_population), release
+//     (with population, repaired, outside_population, empty_population), release
 //     (ownership.released), outcome completed. A gap it cannot close rolls
 //     back: FAILED, retryable, and it pages. Subscribers found already
 //     invoiced are reported in one billrun.invoice_conflict event (count and
@@ -129,8 +137,8 @@
 //
 // A RUNNING row whose owner died (kill -9) stays RUNNING until the next claim:
 // the next owner holds the Redis lock, so it takes the row over (fence+1).
-// Every row that is not COMPLETED is listed to the resumer (Worker.Incomplete,
-// owned.Resumable), which claims it once its lock is free: nobody has to
+// Every row that is not COMPLETED is listed to the resumer (the Worker's
+// Incomplete), which claims it once its lock is free: nobody has to
 // trigger the period again.
 //
 // # Why a stale owner cannot commit

@@ -4,9 +4,10 @@ import (
 	"context"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/telco-platform/coordinator/internal/owned"
 )
 
 // WithBeforeBatch sets the test seam that runs before each batch
@@ -25,14 +26,9 @@ func RecordTotal(ctx context.Context, db interface {
 	return err
 }
 
-// CountToPlan runs the progress total's estimate (sqlCountToPlan) for
-// period p, its instants and cutoff, under claim fence.
-func CountToPlan(ctx context.Context, db interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-}, p Period, start, end, cutoff time.Time, fence int64) (int64, error) {
-	var n int64
-	err := db.QueryRow(ctx, sqlCountToPlan, p.String(), start, end, cutoff, fence).Scan(&n)
-	return n, err
+// Incomplete is what the Worker lists for the resumer.
+func Incomplete(ctx context.Context, pool *pgxpool.Pool) ([]owned.Incomplete[Request], error) {
+	return (&Worker{pool: pool}).Incomplete(ctx)
 }
 
 // Reconcile runs the completion's count (sqlReconcile) for period p, its
@@ -47,8 +43,11 @@ func Reconcile(ctx context.Context, pool *pgxpool.Pool, p Period, start, end, cu
 	if _, err := tx.Exec(ctx, `select set_config('enable_nestloop', 'off', true), set_config('jit', 'off', true)`); err != nil {
 		return 0, 0, err
 	}
-	var unbilled []int64
-	err = tx.QueryRow(ctx, sqlReconcile, p.String(), start, end, cutoff).Scan(&population, &missing, &unbilled)
+	var (
+		invoiced int64
+		unbilled []int64
+	)
+	err = tx.QueryRow(ctx, sqlReconcile, p.String(), start, end, cutoff).Scan(&population, &missing, &invoiced, &unbilled)
 	return population, missing, err
 }
 

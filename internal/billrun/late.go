@@ -12,7 +12,7 @@ import (
 )
 
 // What is late in a COMPLETED period, found without reading its invoices
-// (issue 28; migrations/00024_bill_run_late.sql).
+// (issue 28; migrations/00021_bill_run_late.sql).
 //
 // A subscriber s is late in period P when its invoice of P (with
 // usage_cents) does not cover its usage charges of P less its adjustments

@@ -72,7 +72,7 @@ func (w *lateWorld) answerWithoutLock(t *testing.T, what string) (job.Result, []
 	defer w.locker.SetUnavailable(false)
 	n := len(w.rec.Events())
 	full := w.checks(t, "full")
-	res := w.r.template.Run(context.Background(), w.r.kind, w.p, trig())
+	res := w.r.Run(context.Background(), w.p, trig())
 	require.Equal(t, job.OutcomeAlreadyCompleted, res.Outcome, "%s: %s", what, res.Error)
 	require.Equal(t, full, w.checks(t, "full"), "%s: answered from the kept check, not in full", what)
 	lateSubs, lateCents, unbilled, err := billrun.LateReference(context.Background(), w.pool, w.p)
@@ -167,7 +167,7 @@ func TestLateUsageAfterCompletionIsReportedBeforeTheLock(t *testing.T) {
 	w.exec(t, `insert into invoice_adjustments (subscriber_id, period, amount_cents, adjust_fence) values (1, $1, 2, 99)`, p)
 	w.answerWithoutLock(t, "an adjustment written by hand")
 
-	adj := w.r.template.Run(ctx, w.r.kind, billrun.Request{Period: w.p, Adjust: true}, trig())
+	adj := w.r.template.Run(ctx, w.r.kind, params(w.r.kind, billrun.Request{Period: w.p, Adjust: true}), trig())
 	require.Equal(t, job.OutcomeCompleted, adj.Outcome, adj.Error)
 	require.Equal(t, int64(0), adj.Counts[billrun.CountLateUsageSubscribers])
 	require.Equal(t, int64(0), adj.Counts[billrun.CountUnbilledSubscribers])
@@ -251,11 +251,11 @@ func TestRandomLateChangesMatchTheFullCheck(t *testing.T) {
 func TestWhatTakesTheLockStill(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	unavailable := func(t *testing.T, w *lateWorld, what string, params any) {
+	unavailable := func(t *testing.T, w *lateWorld, what string, req billrun.Request) {
 		t.Helper()
 		w.locker.SetUnavailable(true)
 		defer w.locker.SetUnavailable(false)
-		res := w.r.template.Run(ctx, w.r.kind, params, trig())
+		res := w.r.template.Run(ctx, w.r.kind, params(w.r.kind, req), trig())
 		require.Equal(t, job.OutcomeUnavailable, res.Outcome, "%s: the lock was asked", what)
 	}
 
@@ -263,12 +263,12 @@ func TestWhatTakesTheLockStill(t *testing.T) {
 		t.Parallel()
 		w := newLateWorld(t, []sub{{id: 1, status: "ACTIVE", fee: 1000}})
 		w.exec(t, `insert into usage_charges (subscriber_id, period, amount_cents) values (1, $1, 30)`, w.p.String())
-		o, res := w.r.template.Begin(ctx, w.r.kind, billrun.Request{Period: w.p, Adjust: true}, trig())
+		o, res := w.r.template.Begin(ctx, w.r.kind, params(w.r.kind, billrun.Request{Period: w.p, Adjust: true}), trig())
 		require.NotNil(t, o, res.Error)
 		// A trigger meanwhile waits for the lock the adjustment holds, as before.
 		res = w.r.Run(ctx, w.p, trig())
 		require.Equal(t, job.OutcomeAlreadyOwned, res.Outcome, res.Error)
-		unavailable(t, w, "adjusting", w.p)
+		unavailable(t, w, "adjusting", billrun.Request{Period: w.p})
 		res = o.Execute(ctx)
 		require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
 		res, _ = w.answerWithoutLock(t, "after the adjustment")
@@ -281,7 +281,7 @@ func TestWhatTakesTheLockStill(t *testing.T) {
 		w := newLateWorld(t, []sub{{id: 1, status: "ACTIVE", fee: 1000}, {id: 2, status: "ACTIVE", fee: 1000}})
 		for _, status := range []string{billrun.StatusRunning, billrun.StatusFailed, billrun.StatusInterrupted} {
 			w.exec(t, `update bill_runs set status = $2 where period = $1`, w.p.String(), status)
-			unavailable(t, w, status, w.p)
+			unavailable(t, w, status, billrun.Request{Period: w.p})
 		}
 		// Billed again: the completion keeps a check for its own fence, from
 		// the one the row kept, with what changed meanwhile.
@@ -303,7 +303,7 @@ func TestWhatTakesTheLockStill(t *testing.T) {
 		w := newLateWorld(t, []sub{{id: 1, status: "ACTIVE", fee: 1000, usage: 4}})
 		w.exec(t, `truncate bill_run_changes`) // takes every kept check along
 		require.Equal(t, int64(0), w.count(t, `select count(*) from bill_run_late`))
-		unavailable(t, w, "nothing kept", w.p)
+		unavailable(t, w, "nothing kept", billrun.Request{Period: w.p})
 		w.exec(t, `insert into usage_charges (subscriber_id, period, amount_cents) values (1, $1, 3)`, w.p.String())
 		n := len(w.rec.Events())
 		res := w.r.Run(ctx, w.p, trig())
@@ -327,7 +327,7 @@ func TestWhatTakesTheLockStill(t *testing.T) {
 		w := &lateWorld{bundle: b, reg: reg, p: period, r: b.runner(billrun.Config{Metrics: billrun.NewMetrics(reg)})}
 		res := w.r.Run(ctx, w.p, trig())
 		require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
-		unavailable(t, w, "no base", w.p)
+		unavailable(t, w, "no base", billrun.Request{Period: w.p})
 		res = w.r.Run(ctx, w.p, trig())
 		require.Equal(t, job.OutcomeAlreadyCompleted, res.Outcome, res.Error)
 		require.Equal(t, int64(1), res.Counts[billrun.CountLateUsageSubscribers], "the other writer's invoice did not cover the usage")
@@ -339,8 +339,8 @@ func TestWhatTakesTheLockStill(t *testing.T) {
 		t.Parallel()
 		w := &lateWorld{bundle: setup(t), p: period}
 		w.r = w.runner(billrun.Config{})
-		unavailable(t, w, "no row", w.p)
-		unavailable(t, w, "the open month (the claim refuses it under the lock)", billrun.PeriodOf(time.Now().UTC()))
+		unavailable(t, w, "no row", billrun.Request{Period: w.p})
+		unavailable(t, w, "the open month (the claim refuses it under the lock)", billrun.Request{Period: billrun.PeriodOf(time.Now().UTC())})
 	})
 }
 

@@ -108,6 +108,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Invoices adjustment runs inserted for subscribers of a COMPLETED period that had none (loaded or backdated into it after its bill run).",
 		}),
 	}
+	// Every outcome at 0 from the start: an alert's increase() sees the
+	// first failure after a replica starts (a counter first seen at 1 has
+	// no increase).
+	for _, o := range []job.Outcome{job.OutcomeCompleted, job.OutcomeAlreadyCompleted, job.OutcomeAlreadyOwned,
+		job.OutcomeUnavailable, job.OutcomeLost, job.OutcomeFailed} {
+		m.runs.WithLabelValues(string(o))
+	}
 	for _, how := range []string{lateHowKept, lateHowFull} {
 		m.lateChecks.WithLabelValues(how) // both series from the start
 	}

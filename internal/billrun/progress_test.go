@@ -13,7 +13,6 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/telco-platform/coordinator/internal/billrun"
-	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
 	"github.com/telco-platform/coordinator/internal/telemetry"
@@ -115,12 +114,12 @@ func TestProgressInLogsAndStatusWhileRunning(t *testing.T) {
 		pauseAt(6, reached, release)))
 	reg, err := owned.NewRegistry(k)
 	require.NoError(t, err)
-	tmpl, err := owned.NewRunner(reg, owned.Deps{Config: config.Config{ProgressInterval: 100 * time.Millisecond}, DB: b.pool,
-		Locker: b.locker, Log: slog.New(slog.NewJSONHandler(logs, nil))}, b.rec)
+	tmpl, err := owned.NewRunner(reg, owned.RunnerConfig{ProgressInterval: 100 * time.Millisecond, Emit: b.rec,
+		Deps: owned.Deps{DB: b.pool, Locker: b.locker, Log: slog.New(slog.NewJSONHandler(logs, nil))}})
 	require.NoError(t, err)
 	done := make(chan job.Result, 1)
 	go func() {
-		done <- tmpl.Run(context.Background(), k, period, job.Trigger{Source: job.SourceCLI, RequestID: "progress-1"})
+		done <- tmpl.Run(context.Background(), k, params(k, billrun.Request{Period: period}), job.Trigger{Source: job.SourceCLI, RequestID: "progress-1"})
 	}()
 	<-reached // 5 batches committed, the 6th waits
 
@@ -181,9 +180,9 @@ func TestResumedProgressCountsEarlierBatches(t *testing.T) {
 	k := billrun.New(billrun.WithBeforeBatch(billrun.Config{BatchSize: 25, Workers: 1}, func(context.Context, int64, int64) error { return nil }))
 	reg, err := owned.NewRegistry(k)
 	require.NoError(t, err)
-	tmpl, err := owned.NewRunner(reg, owned.Deps{DB: b.pool, Locker: b.locker, Progress: recordProgress(&mu, &seen)}, b.rec)
+	tmpl, err := owned.NewRunner(reg, owned.RunnerConfig{Deps: owned.Deps{DB: b.pool, Locker: b.locker}, Progress: recordProgress(&mu, &seen), Emit: b.rec})
 	require.NoError(t, err)
-	res = tmpl.Run(context.Background(), k, period, trig())
+	res = tmpl.Run(context.Background(), k, params(k, billrun.Request{Period: period}), trig())
 	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
 	mu.Lock()
 	defer mu.Unlock()
@@ -220,9 +219,10 @@ func TestEachBatchIsASpan(t *testing.T) {
 	k := billrun.New(billrun.Config{BatchSize: 25})
 	reg, err := owned.NewRegistry(k)
 	require.NoError(t, err)
-	tmpl, err := owned.NewRunner(reg, owned.Deps{DB: b.pool, Locker: b.locker, Telemetry: telemetry.NewForTest(sr, nil)}, b.rec)
+	tmpl, err := owned.NewRunner(reg, owned.RunnerConfig{Deps: owned.Deps{DB: b.pool, Locker: b.locker},
+		Tracer: telemetry.NewForTest(sr, nil).TracerIfOn(owned.TracerName), Emit: b.rec})
 	require.NoError(t, err)
-	res := tmpl.Run(context.Background(), k, period, trig())
+	res := tmpl.Run(context.Background(), k, params(k, billrun.Request{Period: period}), trig())
 	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
 	var run string
 	parents := map[string]int{}

@@ -286,7 +286,7 @@ func TestAdjustmentBillsSubscribersWithoutInvoice(t *testing.T) {
 	require.EqualValues(t, 2, lu[0].Extra[billrun.CountUnbilledSubscribers])
 
 	adjust := func() job.Result {
-		return r.template.Run(ctx, r.kind, billrun.Request{Period: p, Adjust: true}, trig())
+		return r.template.Run(ctx, r.kind, params(r.kind, billrun.Request{Period: p, Adjust: true}), trig())
 	}
 	res = adjust()
 	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)

@@ -24,13 +24,12 @@ func TestIncompleteOldPeriodStaysAdmittedForTheResumer(t *testing.T) {
 	require.NoError(t, err)
 
 	k := billrun.New(billrun.Config{})
-	w, err := k.Open(owned.Deps{DB: b.pool, Locker: b.locker})
-	require.NoError(t, err)
-	inc, err := w.(owned.Resumable).Incomplete(context.Background())
+	inc, err := billrun.Incomplete(context.Background(), b.pool)
 	require.NoError(t, err)
 	require.Len(t, inc, 1)
 
-	key, fields := k.Encode(inc[0].Params)
+	key, fields, err := k.Encode(params(k, inc[0].Params))
+	require.NoError(t, err)
 	raw := map[string]json.RawMessage{}
 	for name, v := range fields {
 		b, err := json.Marshal(v)
@@ -56,7 +55,7 @@ func TestRefusedAdjustmentLeavesTheBillRunsRequestPending(t *testing.T) {
 	require.NoError(t, err)
 
 	r := b.runner(billrun.Config{})
-	res := r.template.Run(ctx, r.kind, billrun.Request{Period: period, Adjust: true}, job.Trigger{Source: job.SourceKafka, RequestID: "adjust-early"})
+	res := r.template.Run(ctx, r.kind, params(r.kind, billrun.Request{Period: period, Adjust: true}), job.Trigger{Source: job.SourceKafka, RequestID: "adjust-early"})
 	require.Equal(t, job.OutcomeFailed, res.Outcome, res.Error)
 	require.Contains(t, res.Error, "not COMPLETED")
 	require.True(t, res.BadInput, "refused on the caller's input")

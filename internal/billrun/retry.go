@@ -2,6 +2,7 @@ package billrun
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -20,7 +21,7 @@ type retrier struct {
 func (r retrier) retry(ctx context.Context, what string, fn func(context.Context) error) error {
 	for attempt := 1; ; attempt++ {
 		err := fn(ctx)
-		if err == nil || ctx.Err() != nil || !postgres.IsTransient(err) || attempt >= r.cfg.MaxBatchAttempts {
+		if err == nil || ctx.Err() != nil || !transientErr(err) || attempt >= r.cfg.MaxBatchAttempts {
 			return err
 		}
 		delay := backoff(r.cfg.RetryBackoff, attempt)
@@ -35,7 +36,7 @@ func (r retrier) retry(ctx context.Context, what string, fn func(context.Context
 func (r retrier) retryUntil(ctx context.Context, what string, fn func(context.Context) error) error {
 	for attempt := 1; ; attempt++ {
 		err := fn(ctx)
-		if err == nil || ctx.Err() != nil || !postgres.IsTransient(err) {
+		if err == nil || ctx.Err() != nil || !transientErr(err) {
 			return err
 		}
 		delay := min(backoff(r.cfg.RetryBackoff, attempt), time.Second)
@@ -44,6 +45,18 @@ func (r retrier) retryUntil(ctx context.Context, what string, fn func(context.Co
 			return err
 		}
 	}
+}
+
+// transientErr says whether asking again may answer otherwise: Postgres'
+// transient errors, but not the run's own verdicts, which carry no
+// SQLSTATE and so would pass postgres.IsTransient for a network error: a
+// fence found superseded, a gap the repair left open.
+func transientErr(err error) bool {
+	var unrec *UnreconciledError
+	if errors.Is(err, errNotOurs) || errors.Is(err, errFenceLost) || errors.As(err, &unrec) {
+		return false
+	}
+	return postgres.IsTransient(err)
 }
 
 // backoff is base doubled per attempt, capped at 32x.

@@ -38,6 +38,11 @@ const (
 	// CountPopulation: the period's population at the cutoff, counted by the
 	// completion's reconcile; every one of them has an invoice.
 	CountPopulation = "population"
+	// CountOutsidePopulation: the period's invoices, at the completion, of
+	// subscribers outside its population at the cutoff (changed out of it
+	// after their batch, deleted, or invoiced by another writer). Reported,
+	// never deleted.
+	CountOutsidePopulation = "outside_population"
 	// Period totals over every run of the period, read from bill_runs at the end.
 	CountPeriodBatches         = "period_batches"
 	CountPeriodSubscribers     = "period_subscribers"
@@ -136,8 +141,7 @@ func (s *runState) committedBatch(out batchOut, sampleSize int) {
 // while the fence is still ours, and the error is lost. A batch that keeps
 // failing: the row is FAILED with last_error and the error says why.
 // Otherwise COMPLETED, and the counts carry the period's totals.
-func (w *Worker) Run(ctx context.Context, run *owned.Run, params owned.Params) (owned.Report, error) {
-	req := requestOf(params)
+func (w *Worker) Run(ctx context.Context, run *owned.Run, req Request) (owned.Report, error) {
 	if req.Adjust {
 		return w.runAdjust(ctx, run, req.Period)
 	}
@@ -335,7 +339,12 @@ func (x *execution) completed(rep *owned.Report, counts map[string]int64, rec re
 			CountPopulation, rec.population, "ranges", rec.ranges, "first_ranges", ranges,
 			"detail", "subscribers of the population had no invoice after every batch committed (lost commits?): billed under the run's fence; see docs/runbook.md#coordinatorbillrunrepaired")
 	}
-	x.log.Info("billrun_reconciled", CountPopulation, rec.population, CountRepaired, rec.repaired, "duration_ms", rec.took.Milliseconds())
+	if rec.outside > 0 {
+		x.log.Warn("billrun_outside_population", "period", x.period.String(), CountOutsidePopulation, rec.outside, "sample", rec.outsideIDs,
+			"detail", "the period has invoices of subscribers outside its population at the cutoff (changed out of it after their batch, deleted, or invoiced by another writer): nothing was deleted; see docs/contract.md#what-completed-proves")
+	}
+	x.log.Info("billrun_reconciled", CountPopulation, rec.population, CountRepaired, rec.repaired, CountOutsidePopulation, rec.outside,
+		"duration_ms", rec.took.Milliseconds())
 }
 
 // finish ends the run under the fence with a status other than COMPLETED

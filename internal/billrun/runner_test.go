@@ -14,7 +14,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/telco-platform/coordinator/internal/billrun"
-	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
@@ -46,16 +45,25 @@ func setup(t *testing.T) *bundle {
 // does, with the locker's owner as the replica id.
 type runner struct {
 	template *owned.Runner
-	kind     *billrun.Kind
+	kind     owned.Kind
 	pool     *pgxpool.Pool
 }
 
 func (r runner) Run(ctx context.Context, p billrun.Period, t job.Trigger) job.Result {
-	return r.template.Run(ctx, r.kind, p, t)
+	return r.template.Run(ctx, r.kind, params(r.kind, billrun.Request{Period: p}), t)
 }
 
 func (r runner) Claim(ctx context.Context, p billrun.Period, t job.Trigger) (*owned.Owned, job.Result) {
-	return r.template.Begin(ctx, r.kind, p, t)
+	return r.template.Begin(ctx, r.kind, params(r.kind, billrun.Request{Period: p}), t)
+}
+
+// params are the Params of a bill run of k asking for r.
+func params(k owned.Kind, r billrun.Request) owned.Params {
+	p, err := owned.NewParams(k, r)
+	if err != nil {
+		panic(err)
+	}
+	return p
 }
 
 func (r runner) Status(ctx context.Context, p billrun.Period) (billrun.Status, error) {
@@ -84,7 +92,7 @@ func newRunner(pool *pgxpool.Pool, l ownership.Locker, replica string, emit even
 		panic(err)
 	}
 	// cfg.Logger also gets the template's lines (a run's retries among them).
-	r, err := owned.NewRunner(reg, owned.Deps{Config: config.Config{ReplicaID: replica}, DB: pool, Locker: l, Log: cfg.Logger}, emit)
+	r, err := owned.NewRunner(reg, owned.RunnerConfig{Deps: owned.Deps{DB: pool, Locker: l, Log: cfg.Logger}, Replica: replica, Emit: emit})
 	if err != nil {
 		panic(err)
 	}

@@ -365,22 +365,39 @@ from bill_runs
 where period = $1 and fence = $2 and status = 'RUNNING'
 for no key update`
 
-// sqlReconcile counts the period's population at the run's cutoff and
-// those of it without an invoice for the period: one anti-join of the
-// subscribers against the period's invoices (found by invoices_period_brin,
-// 00016), set-based. In the same pass it lists the subscribers of the
-// period created after the cutoff that have no invoice (the unbilled side
-// of the late check the completion keeps, late.go): the population without
-// the cutoff is the same predicate less created_at.
+// sqlReconcile counts the period's population at the run's cutoff, those
+// of it without an invoice for the period (one anti-join of the
+// subscribers against the period's invoices, found by
+// invoices_period_brin, 00016, set-based), and the period's invoices: as
+// uidx_invoices_sub_period allows one per subscriber, those beyond the
+// population's are invoices of subscribers outside it. In the same pass it
+// lists the subscribers of the period created after the cutoff that have
+// no invoice (the unbilled side of the late check the completion keeps,
+// late.go): the population without the cutoff is the same predicate less
+// created_at.
 //
 // $1 period, $2 period start, $3 period end, $4 cutoff.
 var sqlReconcile = `
 select count(*) filter (where s.created_at <= $4),
        count(*) filter (where s.created_at <= $4 and i.subscriber_id is null),
+       (select count(*) from invoices where period = $1),
        coalesce(array_agg(s.id) filter (where s.created_at > $4 and i.subscriber_id is null), '{}')
 from subscribers s
 left join invoices i on i.subscriber_id = s.id and i.period = $1
 where ` + population("$2", "$3", "'infinity'::timestamptz")
+
+// sqlOutsidePopulation lists the first $5 subscriber ids of the period's
+// invoices whose subscriber is not in its population at the cutoff (or no
+// longer exists).
+//
+// $1 period, $2 period start, $3 period end, $4 cutoff, $5 most ids.
+var sqlOutsidePopulation = `
+select coalesce(array_agg(subscriber_id order by subscriber_id), '{}')
+from (select i.subscriber_id from invoices i
+      where i.period = $1
+        and not exists (select from subscribers s where s.id = i.subscriber_id and ` + population("$2", "$3", "$4") + `)
+      order by i.subscriber_id
+      limit $5) x`
 
 // sqlRepair bills the population's subscribers without an invoice for the
 // period, with ids in [$3, $4], under the claim's fence: sqlBatch's fence

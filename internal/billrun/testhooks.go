@@ -7,12 +7,12 @@ import (
 	"time"
 )
 
-// SetBatchDelay makes every batch wait d before its transaction starts, so
-// process tests (kill -9 mid-run, SIGSTOP of the owner, shutdown mid-run)
-// catch a run in the middle. It exists only in binaries built with -tags
-// testhooks; call it before the kind is opened.
-func (k *Kind) SetBatchDelay(d time.Duration) {
-	k.cfg.beforeBatch = func(ctx context.Context, _, _ int64) error {
+// WithBatchDelay returns c with every batch waiting d before its
+// transaction starts, so process tests (kill -9 mid-run, SIGSTOP of the
+// owner, shutdown mid-run) catch a run in the middle. It exists only in
+// binaries built with -tags testhooks.
+func WithBatchDelay(c Config, d time.Duration) Config {
+	c.beforeBatch = func(ctx context.Context, _, _ int64) error {
 		t := time.NewTimer(d)
 		defer t.Stop()
 		select {
@@ -22,4 +22,5 @@ func (k *Kind) SetBatchDelay(d time.Duration) {
 			return ctx.Err()
 		}
 	}
+	return c
 }

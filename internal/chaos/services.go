@@ -6,10 +6,8 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -22,21 +20,17 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/telco-platform/coordinator/internal/localsvc"
 )
 
 // The verifier's own services: nothing here touches the shared test
 // services. Every server listens on a free loopback port, is a child of the
 // verifier (dies with it) and is stopped by its PID.
 
-// freePort asks the kernel for a loopback port nobody listens on.
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
+// freePort is a loopback port nobody listens on, below the ephemeral range
+// (localsvc.FreePort).
+func freePort() (int, error) { return localsvc.FreePort() }
 
 // pause waits d or until ctx ends; it reports whether d passed.
 func pause(ctx context.Context, d time.Duration) bool {
@@ -88,9 +82,7 @@ func (n *redisNode) addr() string { return fmt.Sprintf("127.0.0.1:%d", n.port) }
 
 // start runs the node; replicaOf > 0 makes it a replica of that port.
 func (n *redisNode) start(ctx context.Context, replicaOf int) error {
-	args := []string{"--port", strconv.Itoa(n.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--daemonize", "no", "--dir", n.dir, "--loglevel", "warning", "--enable-debug-command", "yes",
-		"--protected-mode", "no"}
+	args := localsvc.RedisArgs(n.port, n.dir, "--loglevel", "warning", "--enable-debug-command", "yes", "--protected-mode", "no")
 	if replicaOf > 0 {
 		args = append(args, "--replicaof", "127.0.0.1", strconv.Itoa(replicaOf))
 	}
@@ -169,24 +161,17 @@ func startRedisSet(ctx context.Context, bin, dir, logDir string) (*redisSet, err
 		return s, err
 	}
 	s.sentinelPort = port
-	conf := filepath.Join(dir, "sentinel.conf")
 	// down-after must exceed the longest DEBUG SLEEP the verifier issues, so
 	// a stall is a stall and not a failover.
-	text := fmt.Sprintf(`port %d
-bind 127.0.0.1
-protected-mode no
-daemonize no
-dir %s
-sentinel resolve-hostnames no
-sentinel monitor %s 127.0.0.1 %d 1
-sentinel down-after-milliseconds %s 5000
-sentinel failover-timeout %s 20000
-sentinel parallel-syncs %s 1
-`, port, dir, sentinelMaster, s.nodes[0].port, sentinelMaster, sentinelMaster, sentinelMaster)
-	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+	args, err := localsvc.SentinelArgs(port, dir, "protected-mode no", "daemonize no", "sentinel resolve-hostnames no",
+		fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 1", sentinelMaster, s.nodes[0].port),
+		"sentinel down-after-milliseconds "+sentinelMaster+" 5000",
+		"sentinel failover-timeout "+sentinelMaster+" 20000",
+		"sentinel parallel-syncs "+sentinelMaster+" 1")
+	if err != nil {
 		return s, err
 	}
-	p, err := startProc("sentinel", exec.Command(bin, conf, "--sentinel"), procOptions{logPath: filepath.Join(logDir, "sentinel.log")})
+	p, err := startProc("sentinel", exec.Command(bin, args...), procOptions{logPath: filepath.Join(logDir, "sentinel.log")})
 	if err != nil {
 		return s, err
 	}
@@ -277,77 +262,32 @@ type pgServer struct {
 	proc *proc
 }
 
-func (s *pgServer) dsn() string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", s.port)
-}
-
-func asPostgresUser(cmd *exec.Cmd) error {
-	if os.Geteuid() != 0 {
-		return nil
-	}
-	u, err := user.Lookup("postgres")
-	if err != nil {
-		return errors.New("running as root needs the postgres OS user (the postgresql package creates it)")
-	}
-	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
-	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
-	if cmd.SysProcAttr == nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{}
-	}
-	cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-	cmd.Dir = "/"
-	return nil
-}
-
-func chownPostgres(path string) error {
-	if os.Geteuid() != 0 {
-		return nil
-	}
-	u, err := user.Lookup("postgres")
-	if err != nil {
-		return err
-	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
-	return os.Chown(path, uid, gid)
-}
+func (s *pgServer) dsn() string { return localsvc.PostgresDSN(s.port) }
 
 func startPostgres(ctx context.Context, bin, dir, logDir string) (*pgServer, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
 	}
-	s := &pgServer{bin: bin, dir: dir, data: filepath.Join(dir, "pgdata"), logs: filepath.Join(logDir, "postgres.log"), port: port}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	s := &pgServer{bin: bin, dir: dir, logs: filepath.Join(logDir, "postgres.log"), port: port}
+	if s.data, err = localsvc.InitPostgres(ctx, bin, dir); err != nil {
 		return nil, err
-	}
-	if err := chownPostgres(dir); err != nil {
-		return nil, err
-	}
-	initdb := exec.CommandContext(ctx, filepath.Join(bin, "initdb"), "-D", s.data, "-U", "postgres", "-A", "trust",
-		"-E", "UTF8", "--locale=C.UTF-8", "--no-sync", "--no-instructions")
-	if err := asPostgresUser(initdb); err != nil {
-		return nil, err
-	}
-	if out, err := initdb.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("initdb: %v: %s", err, lastLines(string(out), 5))
 	}
 	return s, s.start(ctx)
 }
 
 func (s *pgServer) start(ctx context.Context) error {
-	cmd := exec.Command(filepath.Join(s.bin, "postgres"), "-D", s.data, "-p", strconv.Itoa(s.port),
-		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
+	cmd, err := localsvc.PostgresCommand(s.bin, s.data, s.port,
 		// fsync off only risks an OS crash; synchronous_commit stays on, or a
 		// crash (immediate shutdown) loses commits already acknowledged,
 		// and the checks would blame the product for lost batches.
-		"-c", "fsync=off", "-c", "synchronous_commit=on", "-c", "full_page_writes=off",
-		"-c", "max_connections=300", "-c", "shared_buffers=128MB", "-c", "log_min_messages=warning",
-		"-c", "log_line_prefix=%m [%p] ",
+		"synchronous_commit=on",
+		"max_connections=300", "shared_buffers=128MB", "log_min_messages=warning",
+		"log_line_prefix=%m [%p] ",
 		// Commit times of rows (pg_xact_commit_timestamp): the order in
 		// which batches really committed, not when their rows were written.
-		"-c", "track_commit_timestamp=on")
-	if err := asPostgresUser(cmd); err != nil {
+		"track_commit_timestamp=on")
+	if err != nil {
 		return err
 	}
 	// SIGQUIT is the postmaster's immediate shutdown: it dies with us.
@@ -544,9 +484,7 @@ func FindBinaries(b Binaries, repoRoot string) (Binaries, error) {
 		b.RedisServer = os.Getenv("COORDINATOR_TEST_REDIS_SERVER_BIN")
 	}
 	if b.RedisServer == "" {
-		if p, err := exec.LookPath("redis-server"); err == nil {
-			b.RedisServer = p
-		}
+		b.RedisServer, _ = localsvc.RedisServer("") // PATH's, else Debian's
 	}
 	if !exe(b.RedisServer) {
 		missing = append(missing, "redis-server (scripts/services install redis)")
@@ -555,14 +493,7 @@ func FindBinaries(b Binaries, repoRoot string) (Binaries, error) {
 		b.PGBinDir = os.Getenv("COORDINATOR_TEST_PG_BIN_DIR")
 	}
 	if b.PGBinDir == "" {
-		dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-		sort.Slice(dirs, func(i, j int) bool { return pgMajor(dirs[i]) > pgMajor(dirs[j]) })
-		for _, d := range dirs {
-			if exe(filepath.Join(d, "initdb")) && exe(filepath.Join(d, "postgres")) {
-				b.PGBinDir = d
-				break
-			}
-		}
+		b.PGBinDir, _ = localsvc.PostgresBinDir("") // the newest Debian one, else PATH's
 	}
 	if !exe(filepath.Join(b.PGBinDir, "initdb")) || !exe(filepath.Join(b.PGBinDir, "postgres")) {
 		missing = append(missing, "PostgreSQL's initdb and postgres (scripts/services install postgres, or set COORDINATOR_TEST_PG_BIN_DIR)")
@@ -593,11 +524,6 @@ func FindBinaries(b Binaries, repoRoot string) (Binaries, error) {
 }
 
 func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
-
-func pgMajor(binDir string) int {
-	n, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
-	return n
-}
 
 // findKafkaLibs looks for CACHE/kafka/<version>/libs/.complete (what
 // scripts/services install kafka leaves), CACHE being SERVICES_CACHE_DIR or

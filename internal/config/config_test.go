@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"errors"
+	"flag"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/telco-platform/coordinator/internal/adminauth"
 	"github.com/telco-platform/coordinator/internal/config"
+	"github.com/telco-platform/coordinator/internal/cronspec"
 	"github.com/telco-platform/coordinator/internal/testenv"
 )
 
@@ -22,37 +24,37 @@ func TestDefaults(t *testing.T) {
 	c, rest, err := config.Load("serve", nil, env(nil))
 	require.NoError(t, err)
 	require.Empty(t, rest)
-	require.True(t, c.LockEnabled)
-	require.Equal(t, "redis://127.0.0.1:6379/0", c.LockRedisURL)
-	require.Equal(t, "single", c.LockRedisMode)
-	require.Equal(t, 5*time.Second, c.LockWaitTime)
-	require.Equal(t, 30*time.Second, c.LockWatchdogTimeout)
-	require.Equal(t, []string{"127.0.0.1:9092"}, c.KafkaBrokers)
-	require.True(t, c.KafkaCreateTopics)
-	require.Equal(t, ":8080", c.HTTPAddr)
-	require.Equal(t, "@every 30s", c.ReaperSchedule)
-	require.Equal(t, 15*time.Second, c.ReaperMinHold, "half the @every interval")
-	require.Empty(t, c.BillrunSchedule)
-	require.Equal(t, "UTC", c.BillingZone.String())
-	require.Equal(t, 24, c.BillrunMaxAgeMonths)
+	require.True(t, c.Lock.Enabled)
+	require.Equal(t, "redis://127.0.0.1:6379/0", c.Lock.RedisURL)
+	require.Equal(t, "single", c.Lock.RedisMode)
+	require.Equal(t, 5*time.Second, c.Lock.WaitTime)
+	require.Equal(t, 30*time.Second, c.Lock.WatchdogTimeout)
+	require.Equal(t, []string{"127.0.0.1:9092"}, c.Kafka.Brokers)
+	require.True(t, c.Kafka.CreateTopics)
+	require.Equal(t, ":8080", c.HTTP.Addr)
+	require.Equal(t, "@every 30s", c.Reaper.Schedule)
+	require.Nil(t, c.Reaper.MinHold, "the reaper's default (half the @every interval)")
+	require.Empty(t, c.Billrun.Schedule)
+	require.Equal(t, "UTC", c.Billrun.Zone.String())
+	require.Equal(t, 24, c.Billrun.MaxAgeMonths)
 	require.NotEmpty(t, c.ReplicaID)
-	require.Equal(t, "coordinator", c.KafkaGroup)
-	require.Equal(t, 0, c.LockWaitReplicas, "auto")
-	require.Equal(t, 200*time.Millisecond, c.LockWaitReplicasTimeout)
-	require.Equal(t, 8<<20, c.KafkaMaxDecompressedBatchBytes)
-	require.Equal(t, 6*time.Hour, c.CronCatchUpWindow)
-	require.Zero(t, c.CronJitter)
-	require.Equal(t, "coordinator", c.LockLayout)
+	require.Equal(t, "coordinator", c.Kafka.Group)
+	require.Equal(t, 0, c.Lock.WaitReplicas, "auto")
+	require.Equal(t, 200*time.Millisecond, c.Lock.WaitReplicasTimeout)
+	require.Equal(t, 8<<20, c.Kafka.MaxDecompressedBatchBytes)
+	require.Equal(t, 6*time.Hour, c.Cron.CatchUpWindow)
+	require.Zero(t, c.Cron.Jitter)
+	require.Equal(t, "coordinator", c.Lock.Layout)
 }
 
 func TestLockLayout(t *testing.T) {
 	t.Parallel()
 	c, _, err := config.Load("serve", nil, env(map[string]string{"COORDINATOR_LOCK_LAYOUT": "redisson"}))
 	require.NoError(t, err)
-	require.Equal(t, config.LockLayoutRedisson, c.LockLayout)
+	require.Equal(t, config.LockLayoutRedisson, c.Lock.Layout)
 	c, _, err = config.Load("lock", []string{"--lock-layout=redisson"}, env(nil))
 	require.NoError(t, err)
-	require.Equal(t, config.LockLayoutRedisson, c.LockLayout)
+	require.Equal(t, config.LockLayoutRedisson, c.Lock.Layout)
 }
 
 func TestWaitReplicas(t *testing.T) {
@@ -60,7 +62,7 @@ func TestWaitReplicas(t *testing.T) {
 	for v, want := range map[string]int{"auto": 0, "none": -1, "2": 2} {
 		c, _, err := config.Load("serve", nil, env(map[string]string{"COORDINATOR_LOCK_REDIS_WAIT_REPLICAS": v}))
 		require.NoError(t, err, v)
-		require.Equal(t, want, c.LockWaitReplicas, v)
+		require.Equal(t, want, c.Lock.WaitReplicas, v)
 	}
 }
 
@@ -75,9 +77,9 @@ func TestFallbacksAndFlagsWin(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"billrun"}, rest)
 	require.Equal(t, "postgres://u@db:5432/x", c.DatabaseURL)
-	require.Equal(t, "redis://r:6379/1", c.LockRedisURL)
-	require.Equal(t, 2*time.Second, c.LockWaitTime, "the flag wins over the variable")
-	require.Equal(t, []string{"a:9092", "b:9093"}, c.KafkaBrokers)
+	require.Equal(t, "redis://r:6379/1", c.Lock.RedisURL)
+	require.Equal(t, 2*time.Second, c.Lock.WaitTime, "the flag wins over the variable")
+	require.Equal(t, []string{"a:9092", "b:9093"}, c.Kafka.Brokers)
 }
 
 func TestInvalidValuesNameTheVariable(t *testing.T) {
@@ -109,6 +111,13 @@ func TestInvalidValuesNameTheVariable(t *testing.T) {
 		{"COORDINATOR_CRON_CATCHUP_WINDOW", "-1h"},
 		{"COORDINATOR_CRON_CATCHUP_WINDOW", "800h"},
 		{"COORDINATOR_CRON_JITTER", "1h"},
+		// Integers are base 10 only: 010 was read as 10 here, and as 8 by
+		// Go's flag.Int.
+		{"COORDINATOR_BILLRUN_WORKERS", "010"},
+		{"COORDINATOR_REAPER_BATCH_SIZE", "0x10"},
+		{"COORDINATOR_MAX_RUNS_IN_FLIGHT", "0b11"},
+		{"COORDINATOR_KAFKA_MAX_DECOMPRESSED_BATCH_BYTES", "010485760"},
+		{"COORDINATOR_LOCK_REDIS_WAIT_REPLICAS", "02"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.variable, func(t *testing.T) {
@@ -133,7 +142,7 @@ func TestSecretsAreRedacted(t *testing.T) {
 func TestCronSpecsAcceptSecondsAndTZ(t *testing.T) {
 	t.Parallel()
 	for _, spec := range []string{"@every 30s", "*/10 * * * * *", "0 2 1 * *", "CRON_TZ=Europe/Berlin 0 2 1 * *"} {
-		_, err := config.CronParser.Parse(spec)
+		_, err := cronspec.Parse(spec)
 		require.NoError(t, err, spec)
 	}
 }
@@ -158,16 +167,16 @@ func TestSecretFiles(t *testing.T) {
 	}))
 	require.NoError(t, err)
 	require.Equal(t, "postgres://app:p%40ss@db:5432/x?sslmode=verify-full", c.DatabaseURL, "one final newline dropped")
-	require.Equal(t, "rediss://coordinator@r:6380/0", c.LockRedisURL)
-	require.Equal(t, "redis-secret", c.LockRedisPassword)
-	require.Equal(t, token, c.AdminToken)
-	require.Equal(t, config.SASLScramSHA512, c.KafkaSASLMechanism)
-	require.Equal(t, "kafka-secret", c.KafkaSASLPassword)
+	require.Equal(t, "rediss://coordinator@r:6380/0", c.Lock.RedisURL)
+	require.Equal(t, "redis-secret", c.Lock.RedisPassword)
+	require.Equal(t, token, c.HTTP.AdminToken)
+	require.Equal(t, "SCRAM-SHA-512", c.Kafka.SASLMechanism)
+	require.Equal(t, "kafka-secret", c.Kafka.SASLPassword)
 
 	// The flag form of a _FILE variable is allowed: it names a path, not a secret.
 	c, _, err = config.Load("serve", []string{"--admin-token-file", write("token2", token)}, env(nil))
 	require.NoError(t, err)
-	require.Equal(t, token, c.AdminToken)
+	require.Equal(t, token, c.HTTP.AdminToken)
 
 	for _, tc := range []struct {
 		name     string
@@ -206,7 +215,7 @@ func TestAdminTokenLength(t *testing.T) {
 	}
 	c, _, err := config.Load("serve", nil, env(map[string]string{"COORDINATOR_ADMIN_TOKEN": strings.Repeat("x", config.MinAdminTokenBytes)}))
 	require.NoError(t, err)
-	require.Len(t, c.AdminToken, config.MinAdminTokenBytes)
+	require.Len(t, c.HTTP.AdminToken, config.MinAdminTokenBytes)
 }
 
 func TestAdminTokensFile(t *testing.T) {
@@ -225,11 +234,11 @@ func TestAdminTokensFile(t *testing.T) {
 		{Name: "admin", Scopes: adminauth.All, Secret: single},
 		{Name: "billing-ops", Scopes: adminauth.All, Secret: ops},
 		{Name: "grafana", Scopes: adminauth.Read, Secret: grafana},
-	}, c.AdminTokenSet())
+	}, c.HTTP.AdminTokenSet())
 
 	c, _, err = config.Load("serve", []string{"--admin-tokens-file", file}, env(nil))
 	require.NoError(t, err)
-	require.Len(t, c.AdminTokenSet(), 2, "the file alone, without COORDINATOR_ADMIN_TOKEN")
+	require.Len(t, c.HTTP.AdminTokenSet(), 2, "the file alone, without COORDINATOR_ADMIN_TOKEN")
 
 	for _, tc := range []struct {
 		name    string
@@ -262,11 +271,11 @@ func TestRunCapAndHealthInterval(t *testing.T) {
 	t.Parallel()
 	c, _, err := config.Load("serve", nil, env(nil))
 	require.NoError(t, err)
-	require.Equal(t, 8, c.MaxRunsInFlight)
+	require.Equal(t, 8, c.HTTP.MaxRunsInFlight)
 	require.Equal(t, 10*time.Second, c.HealthCheckInterval)
 	c, _, err = config.Load("serve", []string{"--max-runs-in-flight=2", "--health-check-interval=500ms"}, env(nil))
 	require.NoError(t, err)
-	require.Equal(t, 2, c.MaxRunsInFlight)
+	require.Equal(t, 2, c.HTTP.MaxRunsInFlight)
 	require.Equal(t, 500*time.Millisecond, c.HealthCheckInterval)
 	for v, bad := range map[string]string{"COORDINATOR_MAX_RUNS_IN_FLIGHT": "0", "COORDINATOR_HEALTH_CHECK_INTERVAL": "1ms"} {
 		_, _, err := config.Load("serve", nil, env(map[string]string{v: bad}))
@@ -312,14 +321,14 @@ func TestKafkaSecuritySettings(t *testing.T) {
 
 	c, _, err := config.Load("serve", nil, env(map[string]string{"COORDINATOR_KAFKA_TLS_CA_FILE": ca}))
 	require.NoError(t, err)
-	require.True(t, c.KafkaTLSEnabled(), "a CA file turns TLS on")
-	require.Equal(t, ca, c.KafkaTLSCAFile)
+	require.True(t, c.Kafka.TLSEnabled(), "a CA file turns TLS on")
+	require.Equal(t, ca, c.Kafka.TLSCAFile)
 	c, _, err = config.Load("serve", nil, env(map[string]string{"COORDINATOR_KAFKA_TLS": "true"}))
 	require.NoError(t, err)
-	require.True(t, c.KafkaTLSEnabled(), "TLS with the system roots")
+	require.True(t, c.Kafka.TLSEnabled(), "TLS with the system roots")
 	c, _, err = config.Load("serve", nil, env(nil))
 	require.NoError(t, err)
-	require.False(t, c.KafkaTLSEnabled())
+	require.False(t, c.Kafka.TLSEnabled())
 
 	for _, tc := range []struct {
 		env      map[string]string
@@ -348,36 +357,17 @@ func TestKafkaSecuritySettings(t *testing.T) {
 	}
 }
 
-func TestRedisURLsInGoRedisFormats(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct{ url, mode string }{
-		{"redis://127.0.0.1:6379/0", "single"},
-		{"rediss://coordinator@cache.internal:6380/2?dial_timeout=2s", "single"},
-		{"redis://s1:26379/0?master_name=locks&addr=s2:26379&addr=s3:26379", "sentinel"},
-		{"redis://n1:7000?addr=n2:7000&addr=n3:7000", "cluster"},
-	} {
-		_, _, err := config.Load("serve", nil, env(map[string]string{"COORDINATOR_LOCK_REDIS_URL": tc.url, "COORDINATOR_LOCK_REDIS_MODE": tc.mode}))
-		require.NoError(t, err, tc.url)
-	}
-	// The old private format's comma list is refused with a pointer to the new one.
-	_, _, err := config.Load("serve", nil, env(map[string]string{"COORDINATOR_LOCK_REDIS_URL": "redis://:pw@a:1,b:2/0?master_name=m", "COORDINATOR_LOCK_REDIS_MODE": "sentinel"}))
-	require.ErrorContains(t, err, "?addr=")
-	require.ErrorContains(t, err, "COORDINATOR_LOCK_REDIS_URL")
-}
-
 // The shapes of secret that used to be echoed: a DSN whose password holds a
 // '%' or '#' (url.Parse fails and quoted the whole DSN), a sentinel password,
-// an unknown option's value.
+// an unknown option's value. (The Redis URL's, which go-redis parses, are
+// cmd/coordinator's TestLockURLSecretsNeverEchoed.)
 func TestSecretsNeverEchoed(t *testing.T) {
 	t.Parallel()
 	for _, e := range []map[string]string{
 		{"COORDINATOR_DATABASE_URL": "postgres://app:Hunter2%zz@db/x"},
 		{"COORDINATOR_DATABASE_URL": "postgres://app:Hunter2#x@db/x"},
 		{"COORDINATOR_DATABASE_URL": "mysql://app:Hunter2@db/x"},
-		{"COORDINATOR_LOCK_REDIS_URL": "redis://:Hunter2%zz@r:6379/0"},
-		{"COORDINATOR_LOCK_REDIS_URL": "redis://s:6379/0?master_name=m&password=Hunter2&bogus=1", "COORDINATOR_LOCK_REDIS_MODE": "sentinel"},
-		{"COORDINATOR_LOCK_REDIS_URL": "redis://:s3nt@s:6379/0?master_name=m&frobnicate=Hunter2", "COORDINATOR_LOCK_REDIS_MODE": "sentinel"},
-		{"COORDINATOR_LOCK_REDIS_URL": "redis://r:6379/0?dial_timeout=Hunter2"},
+		{"COORDINATOR_LOCK_REDIS_URL": "http://:Hunter2@r:6379/0"},
 	} {
 		_, _, err := config.Load("serve", nil, env(e))
 		require.Error(t, err, "%v", e)
@@ -422,4 +412,67 @@ func FuzzSecretsNeverEchoed(f *testing.F) {
 			}
 		}
 	})
+}
+
+// -h shows each flag's type from the settings table itself: the parser a
+// setting is made with gives its type, so none can drift (the hand-kept
+// table showed `string` for four duration and integer flags).
+func TestHelpShowsEachSettingsType(t *testing.T) {
+	t.Parallel()
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	config.Bind(fs, env(nil))
+	for _, s := range config.Settings() {
+		f := fs.Lookup(s.Flag)
+		require.NotNil(t, f, s.Flag)
+		typ, _ := flag.UnquoteUsage(f)
+		if s.Type == "bool" {
+			require.Empty(t, typ, "%s: a bool flag takes no argument", s.Flag)
+			continue
+		}
+		require.Equal(t, s.Type, typ, s.Flag)
+	}
+	for name, want := range map[string]string{"progress-interval": "duration", "lock-redis-wait-timeout": "duration",
+		"events-republish-after": "duration", "billrun-max-age-months": "int", "reaper-batch-size": "int"} {
+		typ, _ := flag.UnquoteUsage(fs.Lookup(name))
+		require.Equal(t, want, typ, name)
+	}
+}
+
+// A flag's integer is read like its variable's: base 10 only, and the
+// error names the variable and the flag.
+func TestIntegerFlagsAreBase10(t *testing.T) {
+	t.Parallel()
+	_, _, err := config.Load("serve", []string{"--billrun-workers", "010"}, env(nil))
+	var cerr *config.Error
+	require.ErrorAs(t, err, &cerr)
+	require.Equal(t, "COORDINATOR_BILLRUN_WORKERS", cerr.Variable)
+	require.Equal(t, "billrun-workers", cerr.Flag)
+	require.ErrorContains(t, err, "base-10")
+	c, _, err := config.Load("serve", []string{"--billrun-workers", "10"}, env(nil))
+	require.NoError(t, err)
+	require.Equal(t, 10, c.Billrun.Workers)
+}
+
+// lookup is an environment that tells an empty variable from an unset one.
+func lookup(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+// COORDINATOR_REAPER_SCHEDULE="" disables the reaper, as configuration.md
+// says; it used to be taken for unset, and the default @every 30s ran.
+// Unset is still the default, and other settings still take an empty
+// variable for unset.
+func TestAnEmptyReaperScheduleDisablesIt(t *testing.T) {
+	t.Parallel()
+	e := map[string]string{"COORDINATOR_REAPER_SCHEDULE": "", "COORDINATOR_LOCK_WAIT_TIME": ""}
+	c, _, err := config.Load("serve", nil, env(e), config.WithLookup(lookup(e)))
+	require.NoError(t, err)
+	require.Empty(t, c.Reaper.Schedule, "set, and empty: no reaper")
+	require.Equal(t, 5*time.Second, c.Lock.WaitTime, "an empty variable of another setting is unset")
+	c, _, err = config.Load("serve", nil, env(nil), config.WithLookup(lookup(nil)))
+	require.NoError(t, err)
+	require.Equal(t, "@every 30s", c.Reaper.Schedule, "unset: the default")
+	c, _, err = config.Load("serve", []string{"--reaper-schedule="}, env(nil), config.WithLookup(lookup(nil)))
+	require.NoError(t, err)
+	require.Empty(t, c.Reaper.Schedule, "the flag too")
 }

@@ -19,8 +19,9 @@ var variables = sync.OnceValue(func() []string {
 		if s.file != "" {
 			seen[s.file] = true
 		}
-		// A default that falls back to another variable asks for it.
-		s.def(func(name string) string { seen[name] = true; return "" })
+		if s.fallback != "" { // a default that falls back to another variable reads it
+			seen[s.fallback] = true
+		}
 	}
 	names := make([]string, 0, len(seen))
 	for n := range seen {

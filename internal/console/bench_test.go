@@ -145,7 +145,7 @@ func BenchmarkStreams(b *testing.B) {
 				start, runs := time.Now(), 0
 				for b.Loop() {
 					for i := range 50 {
-						res := runner.Run(ctx, benchKind{}, fmt.Sprint(i), benchTrigger)
+						res := runner.Run(ctx, benchKind, benchParams(i), benchTrigger)
 						require.Equal(b, "completed", string(res.Outcome))
 						runs++
 					}
@@ -200,32 +200,38 @@ func (s *site) openStreams(b *testing.B, n int, cookie *http.Cookie, received *a
 
 var benchTrigger = job.Trigger{Source: "bench", RequestedBy: "bench"}
 
-// benchKind is a kind whose Worker commits 10 batches at once.
-type benchKind struct{}
+// benchKind is a kind whose Worker commits 10 batches at once; its
+// params are the run's name.
+var benchKind = owned.Define(owned.Def[string]{
+	Spec:    owned.Spec{Name: "bench"},
+	Decode:  func(owned.Input) (string, error) { return "", nil },
+	LockKey: func(p string) string { return "bench:" + p },
+	Open: func(owned.Deps) (owned.Worker[string], error) {
+		return owned.Worker[string]{Run: func(_ context.Context, run *owned.Run, _ string) (owned.Report, error) {
+			run.SetTotal(10)
+			for range 10 {
+				run.Committed(1, 100)
+			}
+			return owned.Report{Counts: map[string]int64{"rows": 1000}}, nil
+		}}, nil
+	},
+})
 
-func (benchKind) Spec() owned.Spec                                         { return owned.Spec{Name: "bench"} }
-func (benchKind) Decode(owned.Input) (owned.Params, error)                 { return "", nil }
-func (benchKind) Encode(owned.Params) ([]byte, map[string]any)             { return nil, nil }
-func (benchKind) Flags(*flag.FlagSet) func([]string) (owned.Params, error) { return nil }
-func (benchKind) LockKey(p owned.Params) string                            { return "bench:" + p.(string) }
-func (benchKind) Open(owned.Deps) (owned.Worker, error)                    { return benchWorker{}, nil }
-
-type benchWorker struct{}
-
-func (benchWorker) Run(_ context.Context, run *owned.Run, _ owned.Params) (owned.Report, error) {
-	run.SetTotal(10)
-	for range 10 {
-		run.Committed(1, 100)
+// benchParams are the Params of run i of benchKind.
+func benchParams(i int) owned.Params {
+	p, err := owned.NewParams(benchKind, fmt.Sprint(i))
+	if err != nil {
+		panic(err)
 	}
-	return owned.Report{Counts: map[string]int64{"rows": 1000}}, nil
+	return p
 }
 
 func benchRunner(b *testing.B, emit events.Emitter) *owned.Runner {
-	reg, err := owned.NewRegistry(benchKind{})
+	reg, err := owned.NewRegistry(benchKind)
 	require.NoError(b, err)
 	l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "bench"})
 	b.Cleanup(func() { _ = l.Close() })
-	r, err := owned.NewRunner(reg, owned.Deps{Locker: l}, emit)
+	r, err := owned.NewRunner(reg, owned.RunnerConfig{Deps: owned.Deps{Locker: l}, Emit: emit})
 	require.NoError(b, err)
 	return r
 }

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/telco-platform/coordinator/internal/config"
+	"github.com/telco-platform/coordinator/internal/cronspec"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/testenv"
 )
@@ -111,7 +111,7 @@ func TestCronAtFiresAtThatSecond(t *testing.T) {
 	at := time.Date(2026, 12, 2, 13, 4, 5, 0, time.UTC)
 	spec := cronAt(at)
 	require.Equal(t, "CRON_TZ=UTC 5 4 13 2 12 *", spec)
-	s, err := config.CronParser.Parse(spec)
+	s, err := cronspec.Parse(spec)
 	require.NoError(t, err)
 	require.Equal(t, at, s.Next(at.Add(-time.Second)).UTC())
 }

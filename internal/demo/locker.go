@@ -16,12 +16,12 @@ import (
 // openRedisLocker is each replica's Locker: the Redis adapter on the demo's
 // own redis-server (single mode, the replica's settings).
 func openRedisLocker(_ context.Context, cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (ownership.Locker, error) {
-	client, err := redislock.NewClient(cfg.LockRedisURL, cfg.LockRedisMode)
+	client, err := redislock.NewClient(cfg.Lock.RedisURL, cfg.Lock.RedisMode)
 	if err != nil {
 		return nil, err
 	}
-	l, err := redislock.New(client, redislock.Config{Prefix: cfg.LockKeyPrefix, Owner: cfg.ReplicaID,
-		WaitTime: cfg.LockWaitTime, WatchdogTimeout: cfg.LockWatchdogTimeout, Logger: log, Metrics: ownership.NewMetrics(reg)})
+	l, err := redislock.New(client, redislock.Config{Prefix: cfg.Lock.KeyPrefix, Owner: cfg.ReplicaID,
+		WaitTime: cfg.Lock.WaitTime, WatchdogTimeout: cfg.Lock.WatchdogTimeout, Logger: log, Metrics: ownership.NewMetrics(reg)})
 	if err != nil {
 		_ = client.Close()
 		return nil, err

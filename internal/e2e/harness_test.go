@@ -79,7 +79,7 @@ func newDeploymentOn(t *testing.T, redisURL string, pg *testenv.PG) *deployment 
 		group:    "g_" + kafka.Suffix,
 		token:    testenv.AdminToken(),
 	}
-	reg, err := kinds.Registry()
+	reg, err := kinds.Config{}.Registry()
 	require.NoError(t, err)
 	d.names = topics.New(kafka.Suffix, reg.Topics()...)
 	d.bills = d.names.Topic(billrun.Topic)

@@ -200,7 +200,7 @@ func TestHealthNamesMissingTopics(t *testing.T) {
 	require.True(t, checked)
 	require.False(t, kafkaOK)
 	require.Equal(t, "degraded", h.Status)
-	reg, err := kinds.Registry()
+	reg, err := kinds.Config{}.Registry()
 	require.NoError(t, err)
 	for _, topic := range topics.New(prefix, reg.Topics()...).All() {
 		require.Contains(t, detail, topic, fmt.Sprintf("/v1/health names %s", topic))

@@ -33,7 +33,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/trace"
 
@@ -42,113 +41,6 @@ import (
 
 // ContentType is the header every record carries.
 const ContentType = "application/cloudevents+json"
-
-// Config configures the Kafka sink.
-type Config struct {
-	// Brokers are the seed brokers. Required.
-	Brokers []string
-	// Topic is the events topic (topics.Names.Events). Required.
-	Topic string
-	// BufferSize bounds the events waiting to be published (buffered plus in
-	// flight). Default 10000.
-	BufferSize int
-	// MaxInFlight bounds the events handed to the Kafka client at once.
-	// Default 512, at most a quarter of BufferSize.
-	MaxInFlight int
-	// Linger is how long the producer waits to batch records. Default 2ms.
-	Linger time.Duration
-	// StopTimeout bounds the flush Stop does. Default 5s.
-	StopTimeout time.Duration
-	// Log receives drops and publish errors (rate-limited). Default: discard.
-	Log *slog.Logger
-	// Metrics may be nil.
-	Metrics *Metrics
-	// ClientOpts are extra franz-go options (client id, TLS, SASL).
-	ClientOpts []kgo.Opt
-}
-
-func (c Config) withDefaults() Config {
-	if c.BufferSize <= 0 {
-		c.BufferSize = 10000
-	}
-	if c.MaxInFlight <= 0 {
-		c.MaxInFlight = 512
-	}
-	c.MaxInFlight = max(1, min(c.MaxInFlight, c.BufferSize/4))
-	if c.Linger <= 0 {
-		c.Linger = 2 * time.Millisecond
-	}
-	if c.StopTimeout <= 0 {
-		c.StopTimeout = 5 * time.Second
-	}
-	if c.Log == nil {
-		c.Log = slog.New(slog.DiscardHandler)
-	}
-	return c
-}
-
-func (c Config) validate() error {
-	if len(c.Brokers) == 0 {
-		return errors.New("eventsink: Brokers is empty")
-	}
-	if c.Topic == "" {
-		return errors.New("eventsink: Topic is empty")
-	}
-	if c.BufferSize < 2 {
-		return fmt.Errorf("eventsink: BufferSize %d: must be at least 2", c.BufferSize)
-	}
-	return nil
-}
-
-// Metrics are the sink's Prometheus metrics; a nil *Metrics records nothing.
-type Metrics struct {
-	dropped   prometheus.Counter
-	buffered  prometheus.Gauge
-	published prometheus.Counter
-	errors    prometheus.Counter
-}
-
-// NewMetrics registers the sink's metrics on reg (nil: not registered).
-func NewMetrics(reg prometheus.Registerer) *Metrics {
-	m := &Metrics{
-		dropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "coordinator_events_dropped_total",
-			Help: "Ownership events dropped because the bounded buffer was full or the sink stopped."}),
-		buffered: prometheus.NewGauge(prometheus.GaugeOpts{Name: "coordinator_events_buffered",
-			Help: "Ownership events waiting to be published (buffered plus in flight)."}),
-		published: prometheus.NewCounter(prometheus.CounterOpts{Name: "coordinator_events_published_total",
-			Help: "Ownership events acknowledged by Kafka."}),
-		errors: prometheus.NewCounter(prometheus.CounterOpts{Name: "coordinator_events_publish_errors_total",
-			Help: "Publish attempts that failed (the event is retried)."}),
-	}
-	if reg != nil {
-		reg.MustRegister(m.dropped, m.buffered, m.published, m.errors)
-	}
-	return m
-}
-
-func (m *Metrics) drop(n int) {
-	if m != nil && n > 0 {
-		m.dropped.Add(float64(n))
-	}
-}
-
-func (m *Metrics) setBuffered(n int) {
-	if m != nil {
-		m.buffered.Set(float64(n))
-	}
-}
-
-func (m *Metrics) ok() {
-	if m != nil {
-		m.published.Inc()
-	}
-}
-
-func (m *Metrics) failed() {
-	if m != nil {
-		m.errors.Inc()
-	}
-}
 
 // Kafka is an events.Emitter that publishes to Kafka, and an events.Acker.
 type Kafka struct {

@@ -1,12 +1,10 @@
 package health_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,27 +15,10 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/telco-platform/coordinator/internal/health"
+	"github.com/telco-platform/coordinator/internal/testenv"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// syncBuffer is a log sink safe for the monitor's goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // waitRounds waits until the monitor completed n rounds.
 func waitRounds(t *testing.T, m *health.Monitor, n int) {
@@ -82,7 +63,7 @@ func TestChecksRunInTheBackgroundNotPerRead(t *testing.T) {
 func TestTransitionsMetricsAndTimeouts(t *testing.T) {
 	t.Parallel()
 	var redisDown atomic.Bool
-	logs := &syncBuffer{}
+	logs := &testenv.Buffer{}
 	reg := prometheus.NewRegistry()
 	m, err := health.New(health.Config{
 		Timeout:    200 * time.Millisecond,

@@ -2,7 +2,7 @@
 // dependency health, Prometheus metrics, list held locks, and for every
 // registered kind of owned run with an HTTP path (owned.Spec.HTTPPath):
 // POST to start a run, and GET {path}/{id} for a kind with run ids
-// (owned.StatusKind).
+// (owned.Def.StatusID).
 //
 // Three questions, three endpoints, none of which does I/O per request:
 //
@@ -27,11 +27,15 @@
 //
 // Status codes of a POST: 200 completed or already completed, 409 already
 // owned (owner named), 429 the replica's cap on runs in flight is reached
-// (Retry-After), 503 lock backend unavailable, ownership lost mid-run or
-// shutting down, 400 bad input, 401/403 auth, 500 the run failed. A kind
-// with HTTPAsync (bill runs) answers 202 as soon as the run is owned and
-// claimed; Location names the status URL. The others wait for the outcome,
-// bounded by SyncTimeout.
+// (Retry-After), 503 lock backend unavailable, ownership lost mid-run,
+// shutting down, or a failure of a transient cause (a dependency down) whose
+// request could not be recorded (Retry-After, "retryable": true: nothing
+// owes the run, send it again), 400 bad input, 401/403 auth, 500 the run
+// failed for good. A kind with HTTPAsync (bill runs) answers 202 as soon as
+// the run is owned and claimed (the claim is its durable record); Location
+// names the status URL. The others wait for the outcome, bounded by
+// SyncTimeout. A run that failed for a transient cause but whose request was
+// recorded for the resumer is 202 too, with status "deferred".
 package httpapi
 
 import (
@@ -119,6 +123,11 @@ type Config struct {
 // minutes, so sooner would only be refused again.
 const RetryAfterAtCapacity = 10
 
+// RetryAfterUnavailable is the Retry-After of a 503 (seconds): a
+// dependency down (the lock backend, Postgres), ownership lost, the replica
+// shutting down.
+const RetryAfterUnavailable = 5
+
 // API is the admin HTTP handler.
 type API struct {
 	cfg      Config
@@ -171,6 +180,10 @@ func New(cfg Config) (*API, error) {
 		Help:    "Admin API request duration by route.",
 		Buckets: prometheus.DefBuckets,
 	}, []string{"route"})
+	// At 0 from the start, so an alert's increase() counts the first refusals.
+	for _, reason := range []string{authDisabled, authMissingToken, authInvalidToken, authMissingScope} {
+		a.authFailures.WithLabelValues(reason)
+	}
 	if cfg.Registerer != nil {
 		for _, c := range []prometheus.Collector{a.requests, a.duration, a.authFailures} {
 			if err := cfg.Registerer.Register(c); err != nil {
@@ -248,7 +261,7 @@ func (a *API) routes() {
 		}
 		m.Handle("POST "+path, a.auth(adminauth.Mutate, a.postRun(k)))
 		allowed[path] = "POST"
-		if _, ok := k.(owned.StatusKind); ok {
+		if k.HasStatus() {
 			m.Handle("GET "+path+"/{id}", a.auth(adminauth.Read, a.getStatus(k)))
 			allowed[path+"/{id}"] = "GET, HEAD"
 		}
@@ -465,14 +478,20 @@ func (a *API) getHealth(w http.ResponseWriter, _ *http.Request) {
 }
 
 // readBody reads the body under the size limit. It writes the problem and
-// returns false when the body is too large, of the wrong type or unreadable.
+// returns false when the body is too large, unreadable, or not declared
+// JSON: a body needs a Content-Type of application/json (or +json); an
+// empty body needs none.
 func (a *API) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
-	if ct := r.Header.Get("Content-Type"); ct != "" {
+	ct := r.Header.Get("Content-Type")
+	notJSON := func() ([]byte, bool) {
+		writeProblem(w, r, newProblem(http.StatusUnsupportedMediaType, CodeUnsupportedMediaType,
+			"send the body as application/json (with that Content-Type)"), 0)
+		return nil, false
+	}
+	if ct != "" {
 		mt, _, err := mime.ParseMediaType(ct)
 		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
-			writeProblem(w, r, newProblem(http.StatusUnsupportedMediaType, CodeUnsupportedMediaType,
-				"send the body as application/json"), 0)
-			return nil, false
+			return notJSON()
 		}
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, a.cfg.MaxBodyBytes))
@@ -486,6 +505,9 @@ func (a *API) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 		writeProblem(w, r, newProblem(http.StatusBadRequest, CodeBadInput, "could not read the request body"), 0)
 		return nil, false
 	}
+	if ct == "" && len(body) > 0 {
+		return notJSON()
+	}
 	return body, true
 }
 
@@ -494,7 +516,7 @@ func (a *API) refuseWhileDraining(w http.ResponseWriter, r *http.Request) bool {
 		return false
 	}
 	writeProblem(w, r, newProblem(http.StatusServiceUnavailable, CodeShuttingDown,
-		"this replica is shutting down and takes no new work; retry on another replica"), 5)
+		"this replica is shutting down and takes no new work; retry on another replica"), RetryAfterUnavailable)
 	return true
 }
 
@@ -515,6 +537,9 @@ func trigger(r *http.Request, requestID, requestedBy string) job.Trigger {
 // Accepted is the body of a 202 answer.
 type Accepted struct {
 	job.Result
+	// Status is "started" (the run is owned, claimed and going on) or
+	// "deferred" (it failed for a transient cause and its request is
+	// recorded in run_requests: the resumer runs it).
 	Status    string `json:"status"`
 	StatusURL string `json:"status_url,omitempty"`
 }
@@ -558,11 +583,17 @@ func (a *API) postRun(k owned.Kind) http.HandlerFunc {
 		case err != nil && (a.Draining() || res.Outcome == job.OutcomeUnavailable):
 			// The dispatcher refused the work (it is shutting down).
 			writeProblem(w, r, newProblem(http.StatusServiceUnavailable, CodeShuttingDown,
-				"this replica takes no new work; retry on another replica"), 5)
+				"this replica takes no new work; retry on another replica"), RetryAfterUnavailable)
 			return
 		case err != nil:
 			a.log.Warn("http_run_error", "job", spec.Name, "request_id", t.RequestID, "error", err)
 			writeProblem(w, r, newProblem(http.StatusInternalServerError, CodeInternal, "the run could not be started"), 0)
+			return
+		}
+		if !started && res.Deferred && res.Outcome == job.OutcomeFailed {
+			// Failed for a transient cause, and recorded for the resumer:
+			// accepted, the resumer owes the run.
+			writeJSON(w, http.StatusAccepted, Accepted{Result: res, Status: "deferred"})
 			return
 		}
 		if !started {
@@ -570,8 +601,8 @@ func (a *API) postRun(k owned.Kind) http.HandlerFunc {
 			return
 		}
 		acc := Accepted{Result: res, Status: "started"}
-		if sk, ok := k.(owned.StatusKind); ok {
-			acc.StatusURL = spec.HTTPPath + "/" + url.PathEscape(sk.StatusID(req.Params))
+		if id, ok := k.StatusID(req.Params); ok {
+			acc.StatusURL = spec.HTTPPath + "/" + url.PathEscape(id)
 			w.Header().Set("Location", acc.StatusURL)
 		}
 		writeJSON(w, http.StatusAccepted, acc)
@@ -599,17 +630,27 @@ func (a *API) writeResult(w http.ResponseWriter, r *http.Request, res job.Result
 		p = newProblem(http.StatusServiceUnavailable, CodeLockAcquisitionFailed,
 			withCause("the lock backend is unavailable; nothing was run", res.Error))
 		p.Reason = string(ownership.ReasonUnavailable)
-		retry = 5
+		retry = RetryAfterUnavailable
 	case job.OutcomeLost:
 		p = newProblem(http.StatusServiceUnavailable, CodeOwnershipLost,
 			withCause("ownership was lost before the work finished; a later trigger resumes it", res.Error))
 		p.Reason = "lost"
 		p.Owner = res.Owner
-		retry = 5
+		retry = RetryAfterUnavailable
 	default:
 		if res.BadInput {
 			p = newProblem(http.StatusUnprocessableEntity, CodeBadInput, withCause("the run was refused", res.Error))
 			p.Reason = "bad_input"
+			break
+		}
+		if res.Retryable {
+			// A dependency failed transiently (Postgres down, say) and the
+			// request could not be recorded for the resumer: nothing owes
+			// the run, so the caller must send it again. Never a 500.
+			p = newProblem(http.StatusServiceUnavailable, CodeBackendUnavailable, withCause(
+				"the run failed for a transient cause and the request was not recorded; nothing will run it: send it again", res.Error))
+			p.Reason = string(res.Outcome)
+			retry = RetryAfterUnavailable
 			break
 		}
 		p = newProblem(http.StatusInternalServerError, CodeRunFailed, withCause("the run failed", res.Error))
@@ -646,7 +687,7 @@ func (a *API) getStatus(k owned.Kind) http.HandlerFunc {
 		default:
 			a.log.Warn("http_status_error", "job", name, "id", id, "error", err)
 			writeProblem(w, r, newProblem(http.StatusServiceUnavailable, CodeBackendUnavailable,
-				name+" state could not be read: "+err.Error()), 5)
+				name+" state could not be read: "+err.Error()), RetryAfterUnavailable)
 		}
 	}
 }
@@ -658,7 +699,7 @@ func (a *API) getLocks(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			a.log.Warn("http_locks_error", "error", err)
 			writeProblem(w, r, newProblem(http.StatusServiceUnavailable, CodeBackendUnavailable,
-				"locks could not be listed: "+err.Error()), 5)
+				"locks could not be listed: "+err.Error()), RetryAfterUnavailable)
 			return
 		}
 		if got != nil {

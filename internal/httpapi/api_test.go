@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -28,6 +29,7 @@ import (
 	"github.com/telco-platform/coordinator/internal/msisdnreaper"
 	"github.com/telco-platform/coordinator/internal/owned"
 	"github.com/telco-platform/coordinator/internal/ownership"
+	"github.com/telco-platform/coordinator/internal/testenv"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -60,9 +62,11 @@ type fakeDispatcher struct {
 	mu         sync.Mutex
 	outcomes   map[string]job.Outcome
 	sweep      job.Outcome
-	err        error
-	errOutcome job.Outcome
-	triggers   []job.Trigger
+	// sweepRetryable marks a failed sweep's cause transient.
+	sweepRetryable bool
+	err            error
+	errOutcome     job.Outcome
+	triggers       []job.Trigger
 }
 
 func (f *fakeDispatcher) Start(_ context.Context, k owned.Kind, p owned.Params, t job.Trigger) (job.Result, bool, error) {
@@ -75,7 +79,7 @@ func (f *fakeDispatcher) Start(_ context.Context, k owned.Kind, p owned.Params, 
 	if f.err != nil {
 		return job.Result{Outcome: f.errOutcome}, false, f.err
 	}
-	period := k.(owned.StatusKind).StatusID(p)
+	period, _ := k.StatusID(p)
 	res := job.Result{Job: k.Spec().Name, Key: k.LockKey(p), Replica: "r1", RequestID: t.RequestID}
 	o, ok := f.outcomes[period]
 	if !ok {
@@ -91,8 +95,12 @@ func (f *fakeDispatcher) Start(_ context.Context, k owned.Kind, p owned.Params, 
 		res.Error = "dial tcp 127.0.0.1:1: connection refused"
 	case job.OutcomeFailed:
 		res.Error = "batch 3: boom"
-		if period == "2026-05" {
+		switch period {
+		case "2026-05":
 			res.Error, res.BadInput = "bad input: period 2026-05's bill run is RUNNING, not COMPLETED: finish it first", true
+		case "2026-06", "2026-07":
+			// Postgres down at the claim; recorded for the resumer (07) or not (06).
+			res.Error, res.Retryable, res.Deferred = "billrun: claim: dial tcp: connection refused", true, period == "2026-07"
 		}
 	}
 	return res, false, nil
@@ -108,7 +116,8 @@ func (f *fakeDispatcher) Run(_ context.Context, k owned.Kind, p owned.Params, t 
 	if f.err != nil {
 		return job.Result{Outcome: f.errOutcome}, f.err
 	}
-	res := job.Result{Job: k.Spec().Name, Key: k.LockKey(p), Replica: "r1", Outcome: cmpOutcome(f.sweep), RequestID: t.RequestID}
+	res := job.Result{Job: k.Spec().Name, Key: k.LockKey(p), Replica: "r1", Outcome: cmpOutcome(f.sweep), RequestID: t.RequestID,
+		Retryable: f.sweepRetryable}
 	if res.Outcome == job.OutcomeCompleted {
 		res.Counts = map[string]int64{"freed": 3}
 	}
@@ -155,25 +164,7 @@ type bundle struct {
 	api  *httpapi.API
 	disp *fakeDispatcher
 	reg  *prometheus.Registry
-	logs *syncBuffer
-}
-
-// syncBuffer collects the API's JSON log lines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	logs *testenv.Buffer
 }
 
 // Further test tokens with one scope each.
@@ -198,9 +189,11 @@ func setup(t *testing.T, mod func(*httpapi.Config)) bundle {
 		"2026-03": job.OutcomeUnavailable,
 		"2026-04": job.OutcomeFailed,
 		"2026-05": job.OutcomeFailed, // on the caller's input (BadInput)
+		"2026-06": job.OutcomeFailed, // transiently, not recorded
+		"2026-07": job.OutcomeFailed, // transiently, recorded for the resumer
 	}}
 	reg := prometheus.NewRegistry()
-	logs := &syncBuffer{}
+	logs := &testenv.Buffer{}
 	cfg := httpapi.Config{
 		Replica:    "r1",
 		Tokens:     testTokens(),
@@ -234,6 +227,9 @@ func (b bundle) do(t *testing.T, method, path, body string, hdr ...string) reply
 	}
 	req := httptest.NewRequest(method, path, rd)
 	req.Header.Set("Authorization", "Bearer "+token)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json") // as every client must
+	}
 	for i := 0; i+1 < len(hdr); i += 2 {
 		if hdr[i+1] == "" {
 			req.Header.Del(hdr[i])
@@ -455,6 +451,8 @@ func TestPostBillRun(t *testing.T) {
 		{"unavailable", `{"period":"2026-03"}`, http.StatusServiceUnavailable, httpapi.CodeLockAcquisitionFailed, "unavailable", "", "billrun:2026-03"},
 		{"failed", `{"period":"2026-04"}`, http.StatusInternalServerError, httpapi.CodeRunFailed, "failed", "", "billrun:2026-04"},
 		{"failed on the caller's input", `{"period":"2026-05","adjust":true}`, http.StatusUnprocessableEntity, httpapi.CodeBadInput, "bad_input", "", "billrun:2026-05"},
+		{"failed transiently, not recorded", `{"period":"2026-06"}`, http.StatusServiceUnavailable, httpapi.CodeBackendUnavailable, "failed", "", "billrun:2026-06"},
+		{"failed transiently, recorded", `{"period":"2026-07"}`, http.StatusAccepted, "", "", "", ""},
 		{"bad period", `{"period":"2026-13"}`, http.StatusBadRequest, httpapi.CodeBadInput, "bad_period", "", ""},
 		{"missing period", `{}`, http.StatusBadRequest, httpapi.CodeBadInput, "missing_period", "", ""},
 		{"empty body", ``, http.StatusBadRequest, httpapi.CodeBadInput, "missing_period", "", ""},
@@ -467,6 +465,10 @@ func TestPostBillRun(t *testing.T) {
 		{"trailing data", `{"period":"2026-11"} {}`, http.StatusBadRequest, httpapi.CodeBadInput, "", "", ""},
 		{"not an object", `["2026-11"]`, http.StatusBadRequest, httpapi.CodeBadInput, "", "", ""},
 		{"period not a string", `{"period":202611}`, http.StatusBadRequest, httpapi.CodeBadInput, "malformed_json", "", ""},
+		// A member given twice was decoded last-wins: which one a reader
+		// keeps is not defined by JSON, so neither is taken.
+		{"duplicate member", `{"period":"2026-11","period":"2026-10"}`, http.StatusBadRequest, httpapi.CodeBadInput, "duplicate_key", "", ""},
+		{"duplicate envelope member", `{"period":"2026-11","request_id":"a","request_id":"b"}`, http.StatusBadRequest, httpapi.CodeBadInput, "duplicate_key", "", ""},
 		{"bad request_id", `{"period":"2026-11","request_id":"a b"}`, http.StatusBadRequest, httpapi.CodeBadInput, "", "", ""},
 		{"too large", `{"period":"2026-11","requested_by":"` + strings.Repeat("x", 70<<10) + `"}`, http.StatusRequestEntityTooLarge, httpapi.CodePayloadTooLarge, "", "", ""},
 	}
@@ -486,14 +488,41 @@ func TestPostBillRun(t *testing.T) {
 				require.Contains(t, r.problem.Detail, c.owner)
 			}
 			if c.code == http.StatusServiceUnavailable {
-				require.NotEmpty(t, r.header.Get("Retry-After"))
+				require.Equal(t, "5", r.header.Get("Retry-After"))
+				require.True(t, r.problem.Retryable, "a 503 says it is retryable")
+			} else {
+				require.False(t, r.problem.Retryable)
 			}
 		})
 	}
+	t.Run("deferred", func(t *testing.T) {
+		r := b.do(t, "POST", "/v1/billruns", `{"period":"2026-07"}`)
+		require.Equal(t, http.StatusAccepted, r.code, string(r.body))
+		var got map[string]any
+		require.NoError(t, json.Unmarshal(r.body, &got))
+		require.Equal(t, "deferred", got["status"], "recorded: the resumer owes the run")
+		require.Equal(t, true, got["deferred"])
+		require.Equal(t, true, got["retryable"])
+		require.Empty(t, r.header.Get("Location"))
+	})
+	t.Run("not recorded says so", func(t *testing.T) {
+		r := b.do(t, "POST", "/v1/billruns", `{"period":"2026-06"}`)
+		require.Contains(t, r.problem.Detail, "not recorded")
+		require.Contains(t, r.problem.Detail, "connection refused")
+	})
 	t.Run("wrong content type", func(t *testing.T) {
 		r := b.do(t, "POST", "/v1/billruns", `period=2026-11`, "Content-Type", "application/x-www-form-urlencoded")
 		require.Equal(t, http.StatusUnsupportedMediaType, r.code)
 		require.Equal(t, httpapi.CodeUnsupportedMediaType, r.problem.Code)
+	})
+	// A body is JSON and says so: without a Content-Type it was taken as
+	// JSON (the contract says 415). An empty body needs none.
+	t.Run("a body without a content type", func(t *testing.T) {
+		r := b.do(t, "POST", "/v1/billruns", `{"period":"2026-11"}`, "Content-Type", "")
+		require.Equal(t, http.StatusUnsupportedMediaType, r.code, string(r.body))
+		require.Equal(t, httpapi.CodeUnsupportedMediaType, r.problem.Code)
+		require.Contains(t, r.problem.Detail, "application/json")
+		require.Equal(t, http.StatusOK, b.do(t, "POST", "/v1/msisdn-reaper/sweeps", "").code, "an empty body")
 	})
 	t.Run("dispatcher refusal is a 503", func(t *testing.T) {
 		nb := setup(t, nil)
@@ -601,16 +630,24 @@ func TestSweep(t *testing.T) {
 		{job.OutcomeUnavailable, http.StatusServiceUnavailable, httpapi.CodeLockAcquisitionFailed, ""},
 		{job.OutcomeLost, http.StatusServiceUnavailable, httpapi.CodeOwnershipLost, ""},
 		{job.OutcomeFailed, http.StatusInternalServerError, httpapi.CodeRunFailed, ""},
+		{"failed_transiently", http.StatusServiceUnavailable, httpapi.CodeBackendUnavailable, ""},
 	}
 	for _, c := range cases {
 		t.Run(string(c.outcome), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, nil)
 			b.disp.sweep = c.outcome
+			if c.outcome == "failed_transiently" { // a failure of a transient cause: never a 500
+				b.disp.sweep, b.disp.sweepRetryable = job.OutcomeFailed, true
+			}
 			r := b.do(t, "POST", "/v1/msisdn-reaper/sweeps", "")
 			require.Equal(t, c.code, r.code, string(r.body))
 			require.Equal(t, c.problem, r.problem.Code)
 			require.Equal(t, c.owner, r.problem.Owner)
+			require.Equal(t, c.code == http.StatusServiceUnavailable, r.problem.Retryable)
+			if c.code == http.StatusServiceUnavailable {
+				require.Equal(t, "5", r.header.Get("Retry-After"))
+			}
 			if c.problem != "" {
 				require.Equal(t, "msisdn-reaper:sweep", r.problem.LockKey)
 			} else {
@@ -760,6 +797,25 @@ func TestPostBillRunOpenPeriodIs422(t *testing.T) {
 	require.Equal(t, "2026-12", r.problem.Fields["period"])
 	require.Equal(t, "2027-01-01T00:00:00Z", r.problem.Fields["period_end"])
 	require.Empty(t, b.disp.triggers, "nothing was dispatched")
+}
+
+// Every reason of coordinator_http_auth_failures_total is at 0 before the
+// first refusal, so CoordinatorAdminAuthFailures' increase() counts a burst
+// right after a replica starts (a series first seen at 1 would lose one).
+func TestAuthFailureSeriesExistAtZero(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	n, err := testutil.GatherAndCount(b.reg, "coordinator_http_auth_failures_total")
+	require.NoError(t, err)
+	require.Equal(t, 4, n, "disabled, missing_token, invalid_token, missing_scope")
+	require.NoError(t, testutil.GatherAndCompare(b.reg, strings.NewReader(`
+# HELP coordinator_http_auth_failures_total Admin API requests refused by authentication or authorization, by reason.
+# TYPE coordinator_http_auth_failures_total counter
+coordinator_http_auth_failures_total{reason="disabled"} 0
+coordinator_http_auth_failures_total{reason="invalid_token"} 0
+coordinator_http_auth_failures_total{reason="missing_scope"} 0
+coordinator_http_auth_failures_total{reason="missing_token"} 0
+`), "coordinator_http_auth_failures_total"))
 }
 
 // The console's action goes through the POST handler itself: the same

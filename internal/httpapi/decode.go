@@ -36,12 +36,15 @@ var ErrBodyTooLarge = errors.New("httpapi: request body too large")
 
 // DecodeRunRequest reads the body of POST {path} for kind k: empty, or one
 // JSON object with the optional request_id and requested_by and the kind's
-// own fields, which k.Decode judges. Unknown fields, trailing data and
-// malformed ids are bad input (errors wrap job.ErrBadInput and say what
+// own fields, which k.Decode judges. Unknown fields, trailing data, a member
+// given twice (duplicate_key) and malformed ids are bad input (errors wrap job.ErrBadInput and say what
 // was wrong).
 func DecodeRunRequest(k owned.Kind, body []byte) (RunRequest, error) {
 	var fields map[string]json.RawMessage
 	if err := decodeStrict(body, &fields, true); err != nil {
+		return RunRequest{}, err
+	}
+	if err := owned.RejectDuplicateKeys(body); err != nil {
 		return RunRequest{}, err
 	}
 	if fields == nil {

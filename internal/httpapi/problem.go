@@ -54,6 +54,11 @@ type Problem struct {
 	// Fields name the values a rejected trigger was refused for (a bill
 	// run's period and billing zone).
 	Fields map[string]string `json:"fields,omitempty"`
+	// Retryable says the same request may succeed later (after
+	// Retry-After): true on every 429 and 503, whose cause is transient (a
+	// dependency down, the replica at its cap or shutting down); nothing
+	// was accepted, so the caller must send it again.
+	Retryable bool `json:"retryable,omitempty"`
 }
 
 func newProblem(status int, code, detail string) Problem {
@@ -74,6 +79,9 @@ func writeProblem(w http.ResponseWriter, r *http.Request, p Problem, retryAfter 
 	}
 	if p.RequestID == "" && r != nil {
 		p.RequestID = requestIDFrom(r.Context())
+	}
+	if p.Status == http.StatusServiceUnavailable || p.Status == http.StatusTooManyRequests {
+		p.Retryable = true
 	}
 	h := w.Header()
 	h.Set("Content-Type", ProblemContentType)

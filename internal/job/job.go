@@ -49,19 +49,27 @@ const (
 
 // Exit codes of `coordinator run` and `coordinator lock` (docs/contract.md).
 const (
-	ExitOK           = 0
-	ExitFailed       = 1
-	ExitUsage        = 64 // EX_USAGE
-	ExitUnavailable  = 69 // EX_UNAVAILABLE
-	ExitAlreadyOwned = 75 // EX_TEMPFAIL
+	ExitOK          = 0
+	ExitFailed      = 1
+	ExitUsage       = 64 // EX_USAGE
+	ExitUnavailable = 69 // EX_UNAVAILABLE
+	// ExitTempFail (EX_TEMPFAIL): try again later. The lock was owned by
+	// another holder, or the run failed for a transient cause (Postgres
+	// unreachable, say): the result's outcome tells which.
+	ExitTempFail     = 75
+	ExitAlreadyOwned = ExitTempFail
 	ExitLost         = 76
 )
 
 // ExitCode is the process exit code of a result: its outcome's, except
-// ExitUsage for a run that failed on its caller's input.
+// ExitUsage for a run that failed on its caller's input and ExitTempFail
+// for one that failed for a transient cause (Retryable).
 func (r Result) ExitCode() int {
-	if r.Outcome == OutcomeFailed && r.BadInput {
+	switch {
+	case r.Outcome == OutcomeFailed && r.BadInput:
 		return ExitUsage
+	case r.Outcome == OutcomeFailed && r.Retryable:
+		return ExitTempFail
 	}
 	return r.Outcome.ExitCode()
 }
@@ -114,8 +122,8 @@ type Result struct {
 	// has not COMPLETED): nothing ran that a retry would change. The CLI
 	// exits 64 and HTTP answers 422 for it, not 1 and 500.
 	BadInput bool `json:"bad_input,omitempty"`
-	// Resumable says the kind has a resumer (its Worker is an
-	// owned.Resumable).
+	// Resumable says the kind has a resumer (its Worker has Incomplete:
+	// owned.Worker).
 	Resumable bool `json:"-"`
 }
 

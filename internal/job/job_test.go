@@ -40,3 +40,28 @@ func TestResultHandled(t *testing.T) {
 		})
 	}
 }
+
+// The CLI's exit codes: a failure of a transient cause is EX_TEMPFAIL (75),
+// like a lock owned by another holder: try again later; one on the caller's
+// input is 64; any other failure 1.
+func TestResultExitCode(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		res  job.Result
+		want int
+	}{
+		{job.Result{Outcome: job.OutcomeCompleted}, job.ExitOK},
+		{job.Result{Outcome: job.OutcomeAlreadyCompleted}, job.ExitOK},
+		{job.Result{Outcome: job.OutcomeAlreadyOwned}, job.ExitTempFail},
+		{job.Result{Outcome: job.OutcomeUnavailable}, job.ExitUnavailable},
+		{job.Result{Outcome: job.OutcomeLost}, job.ExitLost},
+		{job.Result{Outcome: job.OutcomeFailed}, job.ExitFailed},
+		{job.Result{Outcome: job.OutcomeFailed, Retryable: true}, job.ExitTempFail},
+		{job.Result{Outcome: job.OutcomeFailed, Retryable: true, Deferred: true}, job.ExitTempFail},
+		{job.Result{Outcome: job.OutcomeFailed, BadInput: true}, job.ExitUsage},
+	}
+	for _, c := range cases {
+		require.Equalf(t, c.want, c.res.ExitCode(), "%+v", c.res)
+	}
+	require.Equal(t, 75, job.ExitTempFail, "sysexits.h EX_TEMPFAIL")
+}

@@ -1,5 +1,6 @@
-// Package kafkaconn is the one place that turns the configuration's Kafka
-// transport settings (TLS, SASL) into franz-go options. Every Kafka client
+// Package kafkaconn is the one place that turns the Kafka transport
+// settings (TLS, SASL: its Config, which internal/replica maps from the
+// COORDINATOR_KAFKA_* variables) into franz-go options. Every Kafka client
 // of the coordinator (the trigger consumer and its DLQ producer, the event
 // sink, the topic admin, `coordinator trigger` and `coordinator watch`)
 // takes its options from Options, so none can be left on plaintext, and
@@ -26,27 +27,54 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
-	"github.com/telco-platform/coordinator/internal/config"
+	"github.com/telco-platform/coordinator/internal/tlsfiles"
 )
+
+// SASL mechanisms of Config.SASLMechanism.
+const (
+	SASLPlain       = "PLAIN"
+	SASLScramSHA256 = "SCRAM-SHA-256"
+	SASLScramSHA512 = "SCRAM-SHA-512"
+)
+
+// Config is how every Kafka client of a process dials its brokers.
+type Config struct {
+	// TLS dials the brokers over TLS (COORDINATOR_KAFKA_TLS; on too when a
+	// TLS file is set). Default false.
+	TLS bool
+	// TLSFiles are the PEM files: the CA bundle that verifies the brokers
+	// (default: the system roots) and a client certificate and key
+	// (COORDINATOR_KAFKA_TLS_*_FILE).
+	TLSFiles tlsfiles.Files
+	// SASLMechanism is SASLPlain, SASLScramSHA256 or SASLScramSHA512;
+	// empty means no SASL (COORDINATOR_KAFKA_SASL_MECHANISM).
+	SASLMechanism string
+	// SASLUsername and SASLPassword are the SASL credentials.
+	SASLUsername, SASLPassword string
+}
+
+// tls reports whether the clients dial over TLS: explicitly, or because a
+// TLS file is set.
+func (c Config) tls() bool { return c.TLS || c.TLSFiles.Any() }
 
 // Options returns the TLS and SASL options of cfg (none for a plaintext,
 // unauthenticated cluster) and, when log is not nil, the option that sends
 // franz-go's own log lines to log (Logger). The seed brokers, client id and
 // the client's own options are the caller's.
-func Options(cfg config.Config, log *slog.Logger) ([]kgo.Opt, error) {
+func Options(cfg Config, log *slog.Logger) ([]kgo.Opt, error) {
 	var opts []kgo.Opt
 	if log != nil {
 		opts = append(opts, kgo.WithLogger(Logger(log)))
 	}
-	if cfg.KafkaTLSEnabled() {
-		tc, err := cfg.KafkaTLSFiles().Config()
+	if cfg.tls() {
+		tc, err := cfg.TLSFiles.Config()
 		if err != nil {
 			return nil, fmt.Errorf("kafkaconn: %w", err)
 		}
 		opts = append(opts, kgo.DialTLSConfig(tc))
 	}
-	if cfg.KafkaSASLMechanism != "" {
-		m, err := mechanism(cfg.KafkaSASLMechanism, cfg.KafkaSASLUsername, cfg.KafkaSASLPassword)
+	if cfg.SASLMechanism != "" {
+		m, err := mechanism(cfg.SASLMechanism, cfg.SASLUsername, cfg.SASLPassword)
 		if err != nil {
 			return nil, err
 		}
@@ -57,33 +85,33 @@ func Options(cfg config.Config, log *slog.Logger) ([]kgo.Opt, error) {
 
 func mechanism(name, user, password string) (sasl.Mechanism, error) {
 	switch name {
-	case config.SASLPlain:
+	case SASLPlain:
 		return plain.Auth{User: user, Pass: password}.AsMechanism(), nil
-	case config.SASLScramSHA256:
+	case SASLScramSHA256:
 		return scram.Auth{User: user, Pass: password}.AsSha256Mechanism(), nil
-	case config.SASLScramSHA512:
+	case SASLScramSHA512:
 		return scram.Auth{User: user, Pass: password}.AsSha512Mechanism(), nil
 	}
 	return nil, fmt.Errorf("kafkaconn: SASL mechanism %q: must be %s, %s or %s", name,
-		config.SASLPlain, config.SASLScramSHA256, config.SASLScramSHA512)
+		SASLPlain, SASLScramSHA256, SASLScramSHA512)
 }
 
 // Describe is a log-friendly summary of the transport: "plaintext",
 // "tls", "sasl_ssl/SCRAM-SHA-512 user=coordinator", ... (no secrets).
-func Describe(cfg config.Config) string {
+func Describe(cfg Config) string {
 	proto := "plaintext"
 	switch {
-	case cfg.KafkaTLSEnabled() && cfg.KafkaSASLMechanism != "":
+	case cfg.tls() && cfg.SASLMechanism != "":
 		proto = "sasl_ssl"
-	case cfg.KafkaTLSEnabled():
+	case cfg.tls():
 		proto = "tls"
-	case cfg.KafkaSASLMechanism != "":
+	case cfg.SASLMechanism != "":
 		proto = "sasl_plaintext"
 	}
-	if cfg.KafkaSASLMechanism == "" {
+	if cfg.SASLMechanism == "" {
 		return proto
 	}
-	return proto + "/" + cfg.KafkaSASLMechanism + " user=" + cfg.KafkaSASLUsername
+	return proto + "/" + cfg.SASLMechanism + " user=" + cfg.SASLUsername
 }
 
 // Failures that retrying cannot mend. Classify wraps a franz-go error in one

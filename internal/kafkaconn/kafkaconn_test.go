@@ -12,37 +12,32 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/goleak"
 
-	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/kafkaconn"
 	"github.com/telco-platform/coordinator/internal/testenv"
+	"github.com/telco-platform/coordinator/internal/tlsfiles"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// secureEnv is the configuration of a client of the SASL_SSL listener.
-func secureEnv(k *testenv.SecureKafka, mechanism string) map[string]string {
-	return map[string]string{
-		"COORDINATOR_KAFKA_BROKERS":            strings.Join(k.Brokers, ","),
-		"COORDINATOR_KAFKA_TLS_CA_FILE":        k.CAFile,
-		"COORDINATOR_KAFKA_SASL_MECHANISM":     mechanism,
-		"COORDINATOR_KAFKA_SASL_USERNAME":      k.Username,
-		"COORDINATOR_KAFKA_SASL_PASSWORD_FILE": k.PasswordFile,
-	}
+// secure is the configuration of a client of the SASL_SSL listener.
+func secure(t *testing.T, k *testenv.SecureKafka, mechanism string) kafkaconn.Config {
+	return kafkaconn.Config{TLSFiles: caFile(k.CAFile), SASLMechanism: mechanism, SASLUsername: k.Username,
+		SASLPassword: k.Password(t)}
 }
 
-func load(t *testing.T, env map[string]string) config.Config {
-	t.Helper()
-	cfg, _, err := config.Load("test", nil, func(k string) string { return env[k] })
-	require.NoError(t, err)
-	return cfg
+// caFile are TLS files with the CA bundle ca alone.
+func caFile(ca string) tlsfiles.Files {
+	return tlsfiles.Files{CA: ca, CAVar: "COORDINATOR_KAFKA_TLS_CA_FILE", CertVar: "COORDINATOR_KAFKA_TLS_CERT_FILE",
+		KeyVar: "COORDINATOR_KAFKA_TLS_KEY_FILE"}
 }
 
-// client builds a franz-go client the way every coordinator client does.
-func client(t *testing.T, cfg config.Config, extra ...kgo.Opt) *kgo.Client {
+// client builds a franz-go client on brokers the way every coordinator
+// client does.
+func client(t *testing.T, brokers []string, cfg kafkaconn.Config, extra ...kgo.Opt) *kgo.Client {
 	t.Helper()
 	opts, err := kafkaconn.Options(cfg, nil)
 	require.NoError(t, err)
-	cl, err := kgo.NewClient(append(append([]kgo.Opt{kgo.SeedBrokers(cfg.KafkaBrokers...)}, opts...), extra...)...)
+	cl, err := kgo.NewClient(append(append([]kgo.Opt{kgo.SeedBrokers(brokers...)}, opts...), extra...)...)
 	require.NoError(t, err)
 	t.Cleanup(cl.Close)
 	return cl
@@ -52,12 +47,12 @@ func TestEveryMechanismOnTheSecureListener(t *testing.T) {
 	t.Parallel()
 	k := testenv.KafkaSecure(t)
 	plain := testenv.Kafka(t)
-	for _, mech := range []string{config.SASLPlain, config.SASLScramSHA256, config.SASLScramSHA512} {
+	for _, mech := range []string{kafkaconn.SASLPlain, kafkaconn.SASLScramSHA256, kafkaconn.SASLScramSHA512} {
 		t.Run(mech, func(t *testing.T) {
 			t.Parallel()
-			cfg := load(t, secureEnv(k, mech))
+			cfg := secure(t, k, mech)
 			require.Equal(t, "sasl_ssl/"+mech+" user="+k.Username, kafkaconn.Describe(cfg))
-			cl := client(t, cfg, kgo.ProducerLinger(0))
+			cl := client(t, k.Brokers, cfg, kgo.ProducerLinger(0))
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			require.NoError(t, kafkaconn.Check(ctx, cl))
@@ -80,12 +75,12 @@ func TestEveryMechanismOnTheSecureListener(t *testing.T) {
 	}
 }
 
-// checkFails runs Check with env and returns its error, which must be a
+// checkFails runs Check with cfg on brokers and returns its error, which must be a
 // failure retrying cannot mend, found within the bound that "fails fast"
 // means here (the broker answers in milliseconds; 10s survives a busy box).
-func checkFails(t *testing.T, env map[string]string, kind error) error {
+func checkFails(t *testing.T, brokers []string, cfg kafkaconn.Config, kind error) error {
 	t.Helper()
-	cl := client(t, load(t, env))
+	cl := client(t, brokers, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	err := kafkaconn.Check(ctx, cl)
@@ -99,13 +94,12 @@ func checkFails(t *testing.T, env map[string]string, kind error) error {
 func TestWrongPasswordFailsFastWithoutThePassword(t *testing.T) {
 	t.Parallel()
 	k := testenv.KafkaSecure(t)
-	for _, mech := range []string{config.SASLPlain, config.SASLScramSHA512} {
+	for _, mech := range []string{kafkaconn.SASLPlain, kafkaconn.SASLScramSHA512} {
 		t.Run(mech, func(t *testing.T) {
 			t.Parallel()
-			env := secureEnv(k, mech)
-			delete(env, "COORDINATOR_KAFKA_SASL_PASSWORD_FILE")
-			env["COORDINATOR_KAFKA_SASL_PASSWORD"] = "wrong-Hunter2-password"
-			err := checkFails(t, env, kafkaconn.ErrAuthentication)
+			cfg := secure(t, k, mech)
+			cfg.SASLPassword = "wrong-Hunter2-password"
+			err := checkFails(t, k.Brokers, cfg, kafkaconn.ErrAuthentication)
 			require.NotContains(t, err.Error(), "Hunter2")
 			require.NotContains(t, err.Error(), k.Password(t))
 			require.Contains(t, err.Error(), "COORDINATOR_KAFKA_SASL_PASSWORD")
@@ -119,42 +113,41 @@ func TestCertificateProblemsAreFatal(t *testing.T) {
 	foreignCA, foreignCert, foreignKey := testenv.ForeignTLS(t)
 	t.Run("system roots do not know the test CA", func(t *testing.T) {
 		t.Parallel()
-		env := secureEnv(k, config.SASLScramSHA512)
-		delete(env, "COORDINATOR_KAFKA_TLS_CA_FILE")
-		env["COORDINATOR_KAFKA_TLS"] = "true"
-		_ = checkFails(t, env, kafkaconn.ErrCertificate)
+		cfg := secure(t, k, kafkaconn.SASLScramSHA512)
+		cfg.TLSFiles.CA, cfg.TLS = "", true
+		_ = checkFails(t, k.Brokers, cfg, kafkaconn.ErrCertificate)
 	})
 	t.Run("another CA", func(t *testing.T) {
 		t.Parallel()
-		env := secureEnv(k, config.SASLScramSHA512)
-		env["COORDINATOR_KAFKA_TLS_CA_FILE"] = foreignCA
-		_ = checkFails(t, env, kafkaconn.ErrCertificate)
+		cfg := secure(t, k, kafkaconn.SASLScramSHA512)
+		cfg.TLSFiles.CA = foreignCA
+		_ = checkFails(t, k.Brokers, cfg, kafkaconn.ErrCertificate)
 	})
 	t.Run("client certificate", func(t *testing.T) {
 		t.Parallel()
 		// The mTLS listener requires a certificate of the test CA: without
 		// one, or with another CA's, the handshake fails; with the test
 		// client's it passes, which proves the client sends what it is given.
-		env := map[string]string{"COORDINATOR_KAFKA_BROKERS": strings.Join(k.MTLSBrokers, ","), "COORDINATOR_KAFKA_TLS_CA_FILE": k.CAFile}
-		_ = checkFails(t, env, kafkaconn.ErrCertificate)
-		env["COORDINATOR_KAFKA_TLS_CERT_FILE"], env["COORDINATOR_KAFKA_TLS_KEY_FILE"] = foreignCert, foreignKey
-		_ = checkFails(t, env, kafkaconn.ErrCertificate)
+		cfg := kafkaconn.Config{TLSFiles: caFile(k.CAFile)}
+		_ = checkFails(t, k.MTLSBrokers, cfg, kafkaconn.ErrCertificate)
+		cfg.TLSFiles.Cert, cfg.TLSFiles.Key = foreignCert, foreignKey
+		_ = checkFails(t, k.MTLSBrokers, cfg, kafkaconn.ErrCertificate)
 
-		env["COORDINATOR_KAFKA_TLS_CERT_FILE"], env["COORDINATOR_KAFKA_TLS_KEY_FILE"] = k.ClientCertFile, k.ClientKeyFile
-		cl := client(t, load(t, env))
+		cfg.TLSFiles.Cert, cfg.TLSFiles.Key = k.ClientCertFile, k.ClientKeyFile
+		cl := client(t, k.MTLSBrokers, cfg)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		require.NoError(t, kafkaconn.Check(ctx, cl))
 	})
 	t.Run("plaintext client on the TLS listener", func(t *testing.T) {
 		t.Parallel()
-		_ = checkFails(t, map[string]string{"COORDINATOR_KAFKA_BROKERS": strings.Join(k.Brokers, ",")}, kafkaconn.ErrHandshake)
+		_ = checkFails(t, k.Brokers, kafkaconn.Config{}, kafkaconn.ErrHandshake)
 	})
 }
 
 func TestUnreachableIsNotFatal(t *testing.T) {
 	t.Parallel()
-	cl := client(t, load(t, map[string]string{"COORDINATOR_KAFKA_BROKERS": "127.0.0.1:1"}))
+	cl := client(t, []string{"127.0.0.1:1"}, kafkaconn.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	err := kafkaconn.Check(ctx, cl)
@@ -166,7 +159,7 @@ func TestUnreachableIsNotFatal(t *testing.T) {
 
 func TestPlaintextHasNoOptions(t *testing.T) {
 	t.Parallel()
-	cfg := load(t, nil)
+	var cfg kafkaconn.Config
 	opts, err := kafkaconn.Options(cfg, nil)
 	require.NoError(t, err)
 	require.Empty(t, opts)

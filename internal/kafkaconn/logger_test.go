@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"net"
-	"strings"
 	"testing"
 	"time"
 
@@ -19,7 +18,7 @@ import (
 // a logger), on brokers.
 func franzClient(t *testing.T, log *slog.Logger, brokers []string) *kgo.Client {
 	t.Helper()
-	opts, err := kafkaconn.Options(load(t, map[string]string{"COORDINATOR_KAFKA_BROKERS": strings.Join(brokers, ",")}), log)
+	opts, err := kafkaconn.Options(kafkaconn.Config{}, log)
 	require.NoError(t, err)
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...)}, opts...)...)
 	require.NoError(t, err)

@@ -40,8 +40,8 @@ the environment without what coordinator reads as its configuration (every
 COORDINATOR_* variable, DATABASE_URL, REDIS_URL, PG*, OTEL_*), but for the
 variables --pass-env names.
 Exit: CMD's own code (128+N if killed by signal N); 75 already owned; 69 lock
-backend unavailable; 76 lease lost or ending while CMD ran; 64 bad usage;
-1 CMD could not be started; 128+N signal N while waiting for the lock (CMD
+backend unavailable; 76 lease lost or ending while CMD ran; 64 bad usage
+(CMD not found included); 1 CMD could not be started; 128+N signal N while waiting for the lock (CMD
 did not run).`
 
 // defaultGrace is --grace when not given, if the lease leaves room for it.

@@ -24,6 +24,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/ownership"
 )
@@ -97,6 +99,14 @@ func Run(ctx context.Context, c Config) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "coordinator lock: %v\n", err)
 		return job.ExitUsage
+	}
+	// The command runs as our user, and a process of the same user may
+	// read another's /proc/PID/environ and mem: there our environment is as
+	// it was given, secrets and all. Not dumpable, those are closed to it
+	// (the command itself is dumpable again after its exec).
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		fmt.Fprintf(stderr, "coordinator lock: prctl(PR_SET_DUMPABLE): %v\n", err)
+		return job.ExitFailed
 	}
 
 	// The caller leaves signals to us: the first is forwarded, a second
@@ -191,11 +201,18 @@ func acquireWithin(ctx context.Context, locker ownership.Locker, key string, lea
 	if wait <= 0 {
 		return le, err
 	}
-	// The tries after the first are bounded by what is left of the budget
-	// (the Locker would give each a whole wait of its own), plus
-	// retryTryGrace for a try still in flight when it runs out.
+	// The tries after the first wait only for what is left of the budget
+	// (the Locker would give each a whole wait of its own); a Locker that
+	// cannot be told is bounded by the budget plus retryTryGrace, for a try
+	// still in flight when it runs out.
 	retryCtx, cancel := context.WithDeadline(ctx, end.Add(retryTryGrace))
 	defer cancel()
+	retry := func() (ownership.Lease, error) {
+		if wl, ok := locker.(ownership.WaitLocker); ok {
+			return wl.AcquireWithin(retryCtx, key, lease, max(time.Until(end), 0))
+		}
+		return locker.Acquire(retryCtx, key, lease)
+	}
 	backoff := 100 * time.Millisecond
 	for tries := 1; err != nil && errors.Is(err, ownership.ErrUnavailable) && ctx.Err() == nil; tries++ {
 		if time.Until(end) <= 0 {
@@ -214,7 +231,7 @@ func acquireWithin(ctx context.Context, locker ownership.Locker, key string, lea
 		case <-t.C:
 		}
 		backoff = min(2*backoff, time.Second)
-		le, err = locker.Acquire(retryCtx, key, lease)
+		le, err = retry()
 	}
 	return le, err
 }

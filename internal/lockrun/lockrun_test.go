@@ -179,3 +179,33 @@ func TestAcquireWithin(t *testing.T) {
 	require.ErrorIs(t, err, ownership.ErrAlreadyOwned)
 	require.NoError(t, held.Release(ctx))
 }
+
+// Asked again after the backend was unavailable, a lock that another holder
+// keeps is waited for only as long as is left of the budget, not a whole
+// wait of the retry's own (nor a grace past the budget): a holder that
+// releases after the budget must not see the waiter take the lock and run
+// its command late.
+func TestAcquireWithinEndsARetriedWaitWithTheBudget(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const wait = time.Second
+	// The Locker's own wait is the budget, as coordinator lock opens it.
+	l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "me", WaitTime: wait})
+	t.Cleanup(func() { _ = l.Close() })
+	held, err := l.Acquire(ctx, "k", 0)
+	require.NoError(t, err)
+	l.SetUnavailable(true)
+	back := time.AfterFunc(400*time.Millisecond, func() { l.SetUnavailable(false) })
+	t.Cleanup(func() { back.Stop() })
+	// Released after the budget: too late for this waiter.
+	late := time.AfterFunc(wait+300*time.Millisecond, func() { _ = held.Release(ctx) })
+	t.Cleanup(func() { late.Stop() })
+
+	start := time.Now()
+	le, err := acquireWithin(ctx, l, "k", 0, wait, slog.New(slog.DiscardHandler))
+	took := time.Since(start)
+	if le != nil {
+		_ = le.Release(ctx)
+	}
+	require.ErrorIs(t, err, ownership.ErrAlreadyOwned, "taken %s after a %s budget", took, wait)
+}

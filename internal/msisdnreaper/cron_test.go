@@ -72,11 +72,12 @@ func TestCronOnThreeReplicasSweepsOncePerTick(t *testing.T) {
 		s := msisdnreaper.NewTestSweeper(pg.Pool, l, rec,
 			msisdnreaper.Config{Lease: 500 * time.Millisecond, MinHold: minHold})
 		c, err := trigger.NewCron(trigger.CronConfig{Replica: id}, trigger.CronJob{Name: msisdnreaper.JobName, Spec: "@every 1s",
-			Run: func(ctx context.Context, t job.Trigger, _ time.Time) {
+			Run: func(ctx context.Context, t job.Trigger, _ time.Time) error {
 				called := time.Now()
 				if s.Sweep(ctx, t).Outcome == job.OutcomeCompleted {
 					rec.sweepStarted(called)
 				}
+				return nil
 			}})
 		require.NoError(t, err)
 		require.NoError(t, c.Start(ctx))

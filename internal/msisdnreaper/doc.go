@@ -56,7 +56,9 @@
 //
 // Before each batch a worker checks, in order: the local deadline
 // (acquired + Lease - SafetyMargin), the shared halt, ctx, lease.Done(). A
-// batch in flight always finishes (bounded by Lease).
+// batch in flight always finishes, even past the lease's end (the sweep is
+// correct without the lock); it is bounded by Lease from its own start, so
+// a hung database cannot hold a tick forever.
 //
 // # Minimum hold (ShedLock's lockAtLeastFor)
 //

@@ -5,7 +5,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
@@ -16,7 +15,7 @@ import (
 // does, with the locker's owner as the replica id.
 type TestSweeper struct {
 	runner *owned.Runner
-	kind   *SweepKind
+	kind   owned.Kind
 }
 
 // NewTestSweeper opens the sweep kind with cfg; it panics on a bad cfg
@@ -27,7 +26,7 @@ func NewTestSweeper(db *pgxpool.Pool, locker ownership.Locker, emit events.Emitt
 	if err != nil {
 		panic(err)
 	}
-	r, err := owned.NewRunner(reg, owned.Deps{Config: config.Config{ReplicaID: locker.Owner()}, DB: db, Locker: locker}, emit)
+	r, err := owned.NewRunner(reg, owned.RunnerConfig{Deps: owned.Deps{DB: db, Locker: locker}, Emit: emit})
 	if err != nil {
 		panic(err)
 	}
@@ -36,5 +35,15 @@ func NewTestSweeper(db *pgxpool.Pool, locker ownership.Locker, emit events.Emitt
 
 // Sweep is one owned sweep to its end.
 func (s *TestSweeper) Sweep(ctx context.Context, t job.Trigger) job.Result {
-	return s.runner.Run(ctx, s.kind, sweepParams{}, t)
+	return s.runner.Run(ctx, s.kind, sweep(s.kind), t)
+}
+
+// sweep are the Params of a sweep of k (the reaper's kind) with no
+// override.
+func sweep(k owned.Kind) owned.Params {
+	p, err := owned.NewParams(k, sweepParams{})
+	if err != nil {
+		panic(err)
+	}
+	return p
 }

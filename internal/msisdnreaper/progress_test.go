@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
@@ -45,10 +44,10 @@ func TestSweepReportsProgressAndSpans(t *testing.T) {
 	reg, err := owned.NewRegistry(k)
 	require.NoError(t, err)
 	l := memLocker(t, "replica-a", time.Second)
-	r, err := owned.NewRunner(reg, owned.Deps{Config: config.Config{ReplicaID: "replica-a"}, DB: pg.Pool, Locker: l,
-		Progress: prog, Telemetry: telemetry.NewForTest(sr, nil)}, &events.Recorder{})
+	r, err := owned.NewRunner(reg, owned.RunnerConfig{Deps: owned.Deps{DB: pg.Pool, Locker: l}, Replica: "replica-a",
+		Progress: prog, Tracer: telemetry.NewForTest(sr, nil).TracerIfOn(owned.TracerName), Emit: &events.Recorder{}})
 	require.NoError(t, err)
-	res := r.Run(ctx, k, sweepParams{}, cliTrigger)
+	res := r.Run(ctx, k, sweep(k), cliTrigger)
 	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
 
 	require.Len(t, prog.seen, 1)

@@ -4,9 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,184 +14,9 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 
-	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
 	"github.com/telco-platform/coordinator/internal/ownership"
 )
-
-const (
-	// JobName is the sweep kind's name in results and events.
-	JobName = "msisdn-reaper"
-	// SweepKey is the lock every replica's sweep contends for.
-	SweepKey = "msisdn-reaper:sweep"
-	// SweepTopic is the contract's Kafka trigger topic: value
-	// {"request_id":"...","requested_by":"..."}.
-	SweepTopic = "subscription.msisdn-reaper.requested"
-)
-
-// Defaults of Config.
-const (
-	DefaultLease     = 20 * time.Second
-	DefaultBatchSize = 1000
-	// DefaultWorkers is the number of concurrent batch transactions; 2 was
-	// the best on a 2-core machine (bench/notes/reaper.md).
-	DefaultWorkers = 2
-)
-
-// Config configures the sweep. Zero fields take the deployment's
-// configuration where it has the setting (COORDINATOR_REAPER_*), else the
-// defaults named here.
-type Config struct {
-	// Lease is the explicit lease of one sweep: the lock hard-expires after
-	// it (or a little after MinHold, if longer) and no batch starts after
-	// Lease - SafetyMargin. Default 20s.
-	Lease time.Duration
-	// BatchSize is the most reservations freed per transaction. Default 1000,
-	// at most 100000.
-	BatchSize int
-	// Workers is the number of batch transactions in flight at once.
-	// Default 2, at most 64.
-	Workers int
-	// MinHold keeps the lock at least this long after it was taken, even
-	// when the sweep finished sooner (ShedLock's lockAtLeastFor), so that
-	// replicas whose ticks are skewed by less than MinHold do not sweep in
-	// turn. The run then returns at once and the template deletes the lock
-	// by timer at acquired + MinHold (or it expires, if the process ends
-	// first).
-	// Default 0 (release at once); COORDINATOR_REAPER_MIN_HOLD defaults to
-	// half the schedule interval.
-	MinHold time.Duration
-	// SafetyMargin is kept free at the end of the lease: no batch starts
-	// after acquired + Lease - SafetyMargin. It must cover one batch and the
-	// clock drift between this process and Redis. Default Lease/10.
-	SafetyMargin time.Duration
-	// Logger receives one line per owned sweep. Default: discard.
-	Logger *slog.Logger
-	// Metrics may be nil.
-	Metrics *Metrics
-
-	// scan forces the batch statement (benchmark comparisons only): "" lets
-	// each sweep choose its walk (see chooseWalk); "expiry" and "msisdn"
-	// force one; "unordered" and "ordered" (by reserved_until, no cursor)
-	// are measured alternatives.
-	scan string
-}
-
-func (c Config) withDefaults() Config {
-	c.Lease = cmp.Or(c.Lease, DefaultLease)
-	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
-	c.Workers = cmp.Or(c.Workers, DefaultWorkers)
-	c.SafetyMargin = cmp.Or(c.SafetyMargin, c.Lease/10)
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
-	return c
-}
-
-// Validate reports the first field out of range, naming it and its value.
-// Zero values are valid (they take the defaults).
-func (c Config) Validate() error {
-	c = c.withDefaults()
-	switch {
-	case c.Lease < 0:
-		return fmt.Errorf("msisdnreaper: Config.Lease = %s: must be positive", c.Lease)
-	case c.BatchSize < 1 || c.BatchSize > 100_000:
-		return fmt.Errorf("msisdnreaper: Config.BatchSize = %d: must be 1..100000", c.BatchSize)
-	case c.Workers < 1 || c.Workers > 64:
-		return fmt.Errorf("msisdnreaper: Config.Workers = %d: must be 1..64", c.Workers)
-	case c.MinHold < 0:
-		return fmt.Errorf("msisdnreaper: Config.MinHold = %s: must not be negative", c.MinHold)
-	case c.SafetyMargin < 0 || c.SafetyMargin >= c.Lease:
-		return fmt.Errorf("msisdnreaper: Config.SafetyMargin = %s: must be in [0, Lease=%s)", c.SafetyMargin, c.Lease)
-	}
-	return nil
-}
-
-// SweepKind is the reaper's kind of owned run: `coordinator run reaper`,
-// subscription.msisdn-reaper.requested, POST /v1/msisdn-reaper/sweeps
-// (synchronous), and COORDINATOR_REAPER_SCHEDULE on every replica.
-type SweepKind struct {
-	cfg Config
-}
-
-// NewSweepKind returns the sweep kind; zero fields of cfg are filled at
-// Open (see Config).
-func NewSweepKind(cfg Config) *SweepKind { return &SweepKind{cfg: cfg} }
-
-var (
-	_ owned.Kind        = (*SweepKind)(nil)
-	_ owned.RecordKeyed = (*SweepKind)(nil)
-)
-
-// sweepParams are a sweep's: nothing but the CLI's --workers override.
-type sweepParams struct {
-	workers int
-}
-
-func (*SweepKind) Spec() owned.Spec {
-	return owned.Spec{Name: JobName, Command: "reaper", Summary: "free expired MSISDN reservations in batches",
-		Usage: "[--workers N]", Topic: SweepTopic, HTTPPath: "/v1/msisdn-reaper/sweeps"}
-}
-
-// Decode accepts an object with no fields of its own (request_id and
-// requested_by are the transport's); an HTTP body may be empty.
-func (*SweepKind) Decode(in owned.Input) (owned.Params, error) {
-	var none struct{}
-	if err := in.Decode(&none); err != nil {
-		return nil, err
-	}
-	return sweepParams{}, nil
-}
-
-func (*SweepKind) Encode(owned.Params) ([]byte, map[string]any) { return nil, map[string]any{} }
-
-// Flags: --workers, this run's concurrent batch transactions.
-func (*SweepKind) Flags(fs *flag.FlagSet) func([]string) (owned.Params, error) {
-	workers := fs.Int("workers", DefaultWorkers, "concurrent batch transactions (1..64)")
-	return func(args []string) (owned.Params, error) {
-		if len(args) > 0 {
-			return nil, job.BadInput("unexpected arguments %q", args)
-		}
-		if *workers < 1 || *workers > 64 {
-			return nil, job.BadInput("--workers = %d: must be 1..64", *workers)
-		}
-		return sweepParams{workers: *workers}, nil
-	}
-}
-
-func (*SweepKind) LockKey(owned.Params) string { return SweepKey }
-
-// LockKeyOfRecord: every sweep record asks for the one sweep.
-func (*SweepKind) LockKeyOfRecord([]byte) (string, bool) { return SweepKey, true }
-
-// Open checks the configuration (an error names the field and value).
-func (k *SweepKind) Open(d owned.Deps) (owned.Worker, error) {
-	cfg := k.cfg
-	cfg.Lease = cmp.Or(cfg.Lease, d.Config.ReaperLease)
-	cfg.BatchSize = cmp.Or(cfg.BatchSize, d.Config.ReaperBatchSize)
-	cfg.MinHold = cmp.Or(cfg.MinHold, d.Config.ReaperMinHold)
-	if cfg.Logger == nil {
-		cfg.Logger = d.Log
-	}
-	if cfg.Metrics == nil {
-		cfg.Metrics = NewMetrics(d.Registerer)
-	}
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	s := &Sweeper{db: d.DB, cfg: cfg.withDefaults(), schedule: d.Config.ReaperSchedule}
-	switch cfg.scan {
-	case "expiry":
-		s.sql = sqlSweepBatch
-	case "msisdn":
-		s.sql = sqlSweepBatchMsisdn
-	case "unordered":
-		s.sql = sqlSweepBatchUnordered
-	case "ordered":
-		s.sql = sqlSweepBatchOrdered
-	}
-	return s, nil
-}
 
 // Sweeper frees stale reservations while the template holds SweepKey.
 // Every replica has one; the lock decides which of them sweeps.
@@ -201,29 +24,8 @@ type Sweeper struct {
 	db  *pgxpool.Pool
 	cfg Config
 	// sql forces the batch statement (benchmarks); "": each sweep chooses.
-	sql      string
-	schedule string
+	sql string
 }
-
-var (
-	_ owned.Leaser    = (*Sweeper)(nil)
-	_ owned.Scheduler = (*Sweeper)(nil)
-	_ owned.Observer  = (*Sweeper)(nil)
-)
-
-// Lease is explicit (Config.Lease) with the minimum hold (Config.MinHold).
-func (s *Sweeper) Lease(owned.Params) owned.Lease {
-	return owned.Lease{TTL: s.cfg.Lease, MinHold: s.cfg.MinHold}
-}
-
-// Schedule is COORDINATOR_REAPER_SCHEDULE.
-func (s *Sweeper) Schedule() string { return s.schedule }
-
-// Tick sweeps; a tick has no parameters.
-func (s *Sweeper) Tick(time.Time) (owned.Params, error) { return sweepParams{}, nil }
-
-// Observe feeds coordinator_reaper_sweeps_total.
-func (s *Sweeper) Observe(res job.Result) { s.cfg.Metrics.sweep(string(res.Outcome)) }
 
 // sqlSweepBatch frees up to $1 stale reservations after the cursor
 // ($2 reserved_until, $3 msisdn) in one statement (its own transaction) and
@@ -340,11 +142,8 @@ const (
 // "deadline_reached" is 1 then, and the next tick frees the rest; data
 // "stopped" says which); a lost lease or shutdown is lost with that
 // reason; a failed batch fails the sweep.
-func (s *Sweeper) Run(ctx context.Context, run *owned.Run, p owned.Params) (owned.Report, error) {
-	workers := s.cfg.Workers
-	if w := p.(sweepParams).workers; w > 0 {
-		workers = w
-	}
+func (s *Sweeper) Run(ctx context.Context, run *owned.Run, p sweepParams) (owned.Report, error) {
+	workers := cmp.Or(p.Workers, s.cfg.Workers)
 	// The lock's TTL started before Acquire returned; lease.Done() closes at
 	// the adapter's own conservative deadline (request sent + TTL - margin),
 	// and SafetyMargin keeps the last batch well inside it.
@@ -407,10 +206,11 @@ func (s *Sweeper) free(ctx context.Context, run *owned.Run, deadline time.Time, 
 		}
 	}
 	// A batch in flight finishes even when ctx or the lease ends (it is
-	// correct without the lock); it is bounded by the lease length so a hung
-	// database cannot hold a tick forever.
-	batchCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.Lease)
-	defer cancel()
+	// correct without the lock); it is bounded by the lease length from its
+	// own start, so a hung database cannot hold a tick forever, and a batch
+	// that began just before the local deadline is not cut by a bound that
+	// began with the sweep.
+	detached := context.WithoutCancel(ctx)
 	for range workers {
 		wg.Go(func() {
 			for {
@@ -440,8 +240,11 @@ func (s *Sweeper) free(ctx context.Context, run *owned.Run, deadline time.Time, 
 					lastUntil  pgtype.Timestamptz
 					lastMsisdn pgtype.Text
 				)
+				batchCtx, cancel := context.WithTimeout(detached, s.cfg.Lease)
 				bctx, span := run.StartSpan(batchCtx, "msisdn-reaper.batch")
-				if err := s.db.QueryRow(bctx, sql, s.cfg.BatchSize, from.untilArg(), from.msisdn).Scan(&n, &lastUntil, &lastMsisdn); err != nil {
+				err := s.db.QueryRow(bctx, sql, s.cfg.BatchSize, from.untilArg(), from.msisdn).Scan(&n, &lastUntil, &lastMsisdn)
+				cancel()
+				if err != nil {
 					span.SetStatus(codes.Error, err.Error())
 					span.End()
 					stop(stopError, fmt.Errorf("msisdnreaper: sweep batch: %w", err))

@@ -198,14 +198,31 @@ func TestSweepRejectsInvalidConfig(t *testing.T) {
 		{Config{Workers: -1}, "Workers = -1"},
 		{Config{BatchSize: 100_001}, "BatchSize = 100001"},
 		{Config{Lease: time.Second, SafetyMargin: time.Second}, "SafetyMargin = 1s"},
-		{Config{MinHold: -time.Second}, "MinHold = -1s"},
+		{Config{Schedule: "@every banana"}, `Schedule = "@every banana"`},
 	} {
 		require.ErrorContains(t, tc.cfg.Validate(), tc.want)
 		// The config is checked when the kind is opened, before anything runs.
-		_, err := NewSweepKind(tc.cfg).Open(owned.Deps{})
-		require.ErrorContains(t, err, tc.want)
+		require.ErrorContains(t, owned.CheckOpen(NewSweepKind(tc.cfg), owned.Deps{}), tc.want)
 	}
 	require.NoError(t, Config{}.Validate())
+}
+
+// MinHold's default is half an @every schedule's interval; a negative
+// MinHold is none, whatever the schedule (COORDINATOR_REAPER_MIN_HOLD=0s).
+func TestMinHoldDefaultsFromTheSchedule(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		cfg  Config
+		want time.Duration
+	}{
+		{Config{}, 0},
+		{Config{Schedule: "@every 30s"}, 15 * time.Second},
+		{Config{Schedule: "0 * * * *"}, 0},
+		{Config{Schedule: "@every 30s", MinHold: -1}, 0},
+		{Config{Schedule: "@every 30s", MinHold: time.Second}, time.Second},
+	} {
+		require.Equal(t, tc.want, tc.cfg.withDefaults().MinHold, "%+v", tc.cfg)
+	}
 }
 
 // Both walks clear the swept reservation's token with its hold (the walk
@@ -230,4 +247,45 @@ func TestSweepClearsTheTokenOnEitherWalk(t *testing.T) {
 			require.Nil(t, token, "the sweep left the token of a freed number")
 		})
 	}
+}
+
+// A batch in flight at the lease's end finishes, as the package doc says: its
+// bound is Lease from its own start. It was Lease from the sweep's start, so
+// the batch that began just before the local deadline was cancelled when the
+// lease ran out, and the sweep ended lost (76): `COORDINATOR_REAPER_LEASE=1s
+// COORDINATOR_REAPER_BATCH_SIZE=70000 coordinator run reaper --workers 1` on
+// 200k stale rows. Here the batches are made slow in the database (a
+// statement trigger sleeps 1.0 s in the first, 1.5 s in the second), with a
+// 2 s lease and its local deadline at 1.9 s: the second batch starts near
+// 1.0 s, before the deadline, and ends near 2.5 s, past the lease.
+func TestABatchInFlightAtTheLeasesEndFinishes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pg := testenv.Postgres(t)
+	_, err := Seed(ctx, pg.Pool, SeedSpec{StaleReserved: 30})
+	require.NoError(t, err)
+	_, err = pg.Pool.Exec(ctx, `
+create sequence slow_batches;
+create function slow_batch() returns trigger language plpgsql as $$
+begin
+  case nextval('slow_batches')
+    when 1 then perform pg_sleep(1.0);
+    when 2 then perform pg_sleep(1.5);
+    else null;
+  end case;
+  return null;
+end $$;
+create trigger slow_batch before update on msisdn_pool for each statement execute function slow_batch();`)
+	require.NoError(t, err)
+
+	rec := &events.Recorder{}
+	s := NewTestSweeper(pg.Pool, memLocker(t, "replica-a", time.Second), rec,
+		Config{Lease: 2 * time.Second, SafetyMargin: 100 * time.Millisecond, BatchSize: 10, Workers: 1})
+	res := s.Sweep(ctx, cliTrigger)
+	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
+	require.Equal(t, int64(20), res.Counts["freed"], "the second batch, in flight at the lease's end, committed")
+	require.Equal(t, int64(1), res.Counts["deadline_reached"])
+	require.Equal(t, map[State]int64{StateFree: 20, StateReserved: 10}, counts(t, pg))
+	require.Equal(t, events.OwnershipLost, eventTypes(rec)[len(eventTypes(rec))-1],
+		"the lease ran out under the batch: the term ends lost after the run")
 }

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
@@ -36,18 +35,18 @@ func BenchmarkRunAcquireRelease(b *testing.B) {
 			}
 			b.Cleanup(func() { _ = l.Close(); _ = client.Close() })
 			w := &ownedtest.Widget{}
-			reg, err := owned.NewRegistry(w)
+			reg, err := owned.NewRegistry(w.Kind())
 			if err != nil {
 				b.Fatal(err)
 			}
-			r, err := owned.NewRunner(reg, owned.Deps{Config: config.Config{ReplicaID: "bench"}, Locker: l},
-				events.EmitterFunc(func(context.Context, events.Event) {}))
+			r, err := owned.NewRunner(reg, owned.RunnerConfig{Deps: owned.Deps{Locker: l}, Replica: "bench",
+				Emit: events.EmitterFunc(func(context.Context, events.Event) {})})
 			if err != nil {
 				b.Fatal(err)
 			}
 			ctx := context.Background()
 			for i := range g { // warm the connections and the script cache
-				r.Run(ctx, w, ownedtest.Params{N: i + 1}, job.Trigger{Source: job.SourceCLI})
+				r.Run(ctx, w.Kind(), w.Params(i+1), job.Trigger{Source: job.SourceCLI})
 			}
 			b.ResetTimer()
 			var wg sync.WaitGroup
@@ -55,7 +54,7 @@ func BenchmarkRunAcquireRelease(b *testing.B) {
 			for i := range g {
 				wg.Go(func() {
 					for range per {
-						if res := r.Run(ctx, w, ownedtest.Params{N: i + 1}, job.Trigger{Source: job.SourceCLI}); res.Outcome != job.OutcomeCompleted {
+						if res := r.Run(ctx, w.Kind(), w.Params(i+1), job.Trigger{Source: job.SourceCLI}); res.Outcome != job.OutcomeCompleted {
 							b.Error(res.Outcome, res.Error)
 							return
 						}

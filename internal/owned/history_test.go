@@ -9,7 +9,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
@@ -50,18 +49,18 @@ func TestRunHistoryRecordsEveryRunThatHeldItsLock(t *testing.T) {
 	}}
 	l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "replica-a", WaitTime: 20 * time.Millisecond})
 	t.Cleanup(func() { _ = l.Close() })
-	reg, err := owned.NewRegistry(w)
+	reg, err := owned.NewRegistry(w.Kind())
 	require.NoError(t, err)
 	h := &history{}
-	runner, err := owned.NewRunner(reg, owned.Deps{Config: config.Config{ReplicaID: "replica-a"}, Locker: l, History: h}, &events.Recorder{})
+	runner, err := owned.NewRunner(reg, owned.RunnerConfig{Deps: owned.Deps{Locker: l}, Replica: "replica-a", History: h, Emit: &events.Recorder{}})
 	require.NoError(t, err)
 	tr := job.Trigger{Source: job.SourceHTTP, RequestID: "q", RequestedBy: "alice", Principal: "ops"}
 	ctx := context.Background()
-	require.Equal(t, job.OutcomeCompleted, runner.Run(ctx, w, ownedtest.Params{N: 1}, tr).Outcome)
-	require.Equal(t, job.OutcomeFailed, runner.Run(ctx, w, ownedtest.Params{N: 2}, tr).Outcome)
+	require.Equal(t, job.OutcomeCompleted, runner.Run(ctx, w.Kind(), w.Params(1), tr).Outcome)
+	require.Equal(t, job.OutcomeFailed, runner.Run(ctx, w.Kind(), w.Params(2), tr).Outcome)
 	held, err := l.Acquire(ctx, "widget:3", 0)
 	require.NoError(t, err)
-	require.Equal(t, job.OutcomeAlreadyOwned, runner.Run(context.WithoutCancel(ctx), w, ownedtest.Params{N: 3}, tr).Outcome)
+	require.Equal(t, job.OutcomeAlreadyOwned, runner.Run(context.WithoutCancel(ctx), w.Kind(), w.Params(3), tr).Outcome)
 	require.NoError(t, held.Release(ctx))
 
 	recs := h.records()

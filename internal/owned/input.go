@@ -19,10 +19,19 @@ const (
 	ReasonBadRequestID  = "bad_request_id"
 	ReasonBadRequester  = "bad_requested_by"
 	ReasonUnknownTopic  = "unknown_topic"
+	// ReasonDuplicateKey: the trigger's JSON object names a member twice
+	// (which of the two a reader keeps is not defined by JSON).
+	ReasonDuplicateKey = "duplicate_key"
 	// ReasonBadInput is the reason of a decode error that is not a
 	// *RejectError but wraps job.ErrBadInput.
 	ReasonBadInput = "bad_input"
 )
+
+// SharedRejectReasons are the reasons above: every kind's trigger may be
+// rejected with any of them.
+func SharedRejectReasons() []string {
+	return []string{ReasonTooLarge, ReasonMalformedJSON, ReasonBadRequestID, ReasonBadRequester, ReasonUnknownTopic, ReasonDuplicateKey, ReasonBadInput}
+}
 
 // RejectError says why a trigger can never be run, however often it is
 // retried. It matches job.ErrBadInput.
@@ -116,3 +125,59 @@ func (in Input) Decode(v any) error {
 
 // ErrNotFound is a StatusReader's answer for an id with no run.
 var ErrNotFound = errors.New("owned: no such run")
+
+// RejectDuplicateKeys returns a *RejectError (ReasonDuplicateKey) naming
+// the first member that an object of the JSON value data names twice, at
+// any depth; nil when there is none or data is not valid JSON (its decoder
+// reports that). Go's decoder keeps the last of two members silently; the
+// transports refuse both (a Kafka record goes to the DLQ, HTTP answers 400).
+func RejectDuplicateKeys(data []byte) error {
+	type object struct {
+		keys      map[string]bool
+		expectKey bool
+	}
+	var stack []*object // nil entries are arrays
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	top := func() *object {
+		if len(stack) == 0 {
+			return nil
+		}
+		return stack[len(stack)-1]
+	}
+	valueDone := func() { // a value of the enclosing object ended: a key comes next
+		if o := top(); o != nil {
+			o.expectKey = true
+		}
+	}
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil // io.EOF, or a syntax error the caller's decoding reports
+		}
+		switch t := tok.(type) {
+		case json.Delim:
+			switch t {
+			case '{':
+				stack = append(stack, &object{keys: map[string]bool{}, expectKey: true})
+			case '[':
+				stack = append(stack, nil)
+			default: // '}' or ']'
+				stack = stack[:len(stack)-1]
+				valueDone()
+			}
+		case string:
+			if o := top(); o != nil && o.expectKey {
+				if o.keys[t] {
+					return Reject(ReasonDuplicateKey, "member %q is given twice", t)
+				}
+				o.keys[t] = true
+				o.expectKey = false
+				continue
+			}
+			valueDone()
+		default:
+			valueDone()
+		}
+	}
+}

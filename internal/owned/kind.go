@@ -9,44 +9,147 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/ownership"
-	"github.com/telco-platform/coordinator/internal/telemetry"
 )
 
-// Params are one run's parameters, as a kind decoded them (a bill run's
-// period, a replenishment's numbers). Transport never looks inside: it hands
-// them from the kind's Decode or Flags to the kind's LockKey and Run.
-type Params any
-
-// Kind is a kind of owned run as every transport sees it: what it is called,
-// where its triggers come from and how a trigger becomes Params. It holds no
-// connection; Open gives the Worker that runs it in one deployment.
-//
-// A kind is one package with one Kind value, listed once in internal/kinds.
-type Kind interface {
+// Def defines a kind of owned run whose runs take parameters of type P
+// (river's Worker[T]): Define turns it into the Kind the registry, the
+// template and every transport use, and only this kind's functions ever see
+// a P. Decode, LockKey and Open are required; the rest is optional.
+type Def[P any] struct {
 	// Spec names the kind and its trigger endpoints.
-	Spec() Spec
-	// Decode turns a trigger's JSON fields (a Kafka record, an HTTP body)
-	// into Params. Input that can never be run is a *RejectError: a Kafka
-	// record goes to the dead-letter topic with its Reason, an HTTP call
-	// gets 400 with its Detail.
-	Decode(in Input) (Params, error)
-	// Encode is Decode's inverse: the Kafka record key and the JSON fields
-	// of a trigger asking for p (`coordinator trigger`). key may be nil.
-	Encode(p Params) (key []byte, fields map[string]any)
+	Spec Spec
+	// Decode turns a trigger's fields into P: the one place a kind judges
+	// its input, whatever the source (a Kafka record, an HTTP body, the
+	// CLI's flags, a request the resumer recorded). Input that can never
+	// be run is a *RejectError (Reject): a Kafka record goes to the
+	// dead-letter topic with its Reason, an HTTP call gets 400 (422 when
+	// Unprocessable), the CLI exits 64.
+	Decode func(in Input) (P, error)
+	// RejectReasons are the reasons Decode's *RejectError can give besides
+	// SharedRejectReasons. The Kafka consumer creates
+	// coordinator_trigger_rejected_total{topic,reason} at 0 for each, so the
+	// dead-letter alert's increase() sees the first rejection after a start
+	// (a counter that first appears at 1 has no increase). Optional.
+	RejectReasons []string
+	// Encode is Decode's inverse: the Kafka record key (may be nil) and the
+	// JSON fields of a trigger asking for p. `coordinator trigger` sends
+	// them; the resumer records them. Required for a kind with a Topic or
+	// a Worker.Incomplete.
+	Encode func(p P) (key []byte, fields map[string]any)
 	// Flags adds the kind's flags to fs (`coordinator run` and `trigger`)
-	// and returns what builds Params once fs is parsed; args are the
-	// positional arguments left. Bad values are errors wrapping
-	// job.ErrBadInput (exit 64).
-	Flags(fs *flag.FlagSet) func(args []string) (Params, error)
-	// LockKey is the ownership key of a run with p. It is Spec().Name, a
-	// colon, and the rest: a kind owns its name's lock-key namespace.
-	LockKey(p Params) string
+	// and returns what turns them, once fs is parsed, and the positional
+	// arguments left into a trigger's fields, which Decode then judges like
+	// any other trigger's: Flags only maps, it does not validate (a flag
+	// left unset is a field left out). Nil: the kind takes no flags and no
+	// arguments.
+	Flags func(fs *flag.FlagSet) func(args []string) (map[string]any, error)
+	// LockKey is the ownership key of a run with p: Spec.Name, a colon, and
+	// the rest. A kind owns its name's lock-key namespace.
+	LockKey func(p P) string
+	// RecordLockKey reads the lock key a Kafka record key names, so that a
+	// rejected record's trigger.rejected names it. Nil, or false: the
+	// event's subject is the kind's name.
+	RecordLockKey func(recordKey []byte) (key string, ok bool)
+	// StatusID is the id of the run p asks for (a bill run's period): GET
+	// HTTPPath/{id} answers with the Worker's Status, and a 202 names that
+	// URL. Set both or neither.
+	StatusID func(p P) string
 	// Open builds the kind's Worker from the deployment's dependencies. It
 	// contacts nothing; a bad configuration is an error naming the field.
-	Open(d Deps) (Worker, error)
+	// The kind's own settings are its package's Config, given when the
+	// kind was made (internal/kinds maps the process's configuration).
+	Open func(d Deps) (Worker[P], error)
+}
+
+// Worker is a kind's work in one deployment, with every capability it
+// declares: Run is required; each other field, when set, makes the
+// template do one thing more for the kind. Everything a kind can ask of
+// the template is in this struct and in Def; nothing else is looked for.
+type Worker[P any] struct {
+	// Run does the work while the template holds the lock (and the claim).
+	// ctx is cancelled when the lease is lost or the caller shuts down
+	// (context.Cause is ErrShutdown then); stop at the next checkpoint.
+	//
+	// The Report goes into the result and the run's last event whatever the
+	// error. A nil error is outcome completed; an error matching ErrLost is
+	// lost (exit 76, not committed: a redelivery resumes); an error caused
+	// by a lost lease or shutdown is lost too; any other error is failed.
+	Run func(ctx context.Context, run *Run, p P) (Report, error)
+
+	// Lease says how a run's lock is held. Nil: watchdog-managed, released
+	// at once.
+	Lease func(p P) Lease
+
+	// Claim takes a claim in the kind's own store once the lock is held and
+	// before Run (a bill run's fenced bill_runs row). It returns the
+	// claim's fence: every event after it carries that fence
+	// (data.lock_fence keeps the lock's). An error matching
+	// ErrAlreadyCompleted (a *CompletedError) means there is nothing to do:
+	// outcome already_completed, Run is not called. Other errors are
+	// classified like Run's.
+	Claim func(ctx context.Context, run *Run, p P) (fence int64, err error)
+
+	// AlreadyCompleted looks, before the lock is taken, whether a run with
+	// p has nothing to do for good, so that a repeated trigger (a
+	// redelivery, a replay, a cron tick on every replica) is answered at
+	// the rate the kind's store answers one read, without queueing on the
+	// lock behind the other repeats (a bill run of a COMPLETED period). It
+	// returns a *CompletedError naming the run that completed the work,
+	// with its counts: outcome already_completed, run.already_completed
+	// with data.before_lock, nothing acquired. nil, nil when it cannot
+	// tell; an error is logged. Either way the run goes the locked way
+	// (acquire, Claim), which is the authority. run holds no lease: its
+	// events carry no lock fence. Requires Claim.
+	//
+	// Only for work whose completion is final (nothing the coordinator
+	// does undoes it), so that the answer read without the lock is the one
+	// Claim would give under it at that instant.
+	AlreadyCompleted func(ctx context.Context, run *Run, p P) (*CompletedError, error)
+
+	// Schedule is a robfig/cron spec (internal/cronspec): every replica
+	// ticks, the lock decides which one works. Empty: not scheduled. Tick
+	// gives the P of a tick at at, in the schedule's time zone; required
+	// with a Schedule.
+	Schedule string
+	Tick     func(at time.Time) (P, error)
+
+	// Status reports a run's state for GET HTTPPath/{id} (with
+	// Def.StatusID): a JSON-encodable state, ErrNotFound, or an error
+	// wrapping job.ErrBadInput for an id that can never exist.
+	Status func(ctx context.Context, id string) (any, error)
+
+	// Observe keeps metrics of the kind's own outcomes (the series that
+	// predate the template). Called once per run.
+	Observe func(res job.Result)
+
+	// Incomplete makes the kind resumable: every replica's resumer asks it,
+	// every ResumeInterval, for the runs its store knows to be accepted and
+	// not complete, and runs them again through the template (lock, claim,
+	// the kind's own resume) with trigger source job.SourceResume. The
+	// template also records, in run_requests, the requests of its runs that
+	// did not complete (lost, a retryable failure, already_owned), so a
+	// Kafka trigger is committed only once the resumer owes its run. A run
+	// in progress may be listed: the resumer finds its lock held.
+	Incomplete func(ctx context.Context) ([]Incomplete[P], error)
+
+	// Completions, when set, makes a run's run.completed at least once
+	// across a crash of its replica (see Completions).
+	Completions *Completions[P]
+}
+
+// Deps are what Open may use. Nothing in them is contacted by Open itself.
+type Deps struct {
+	// DB is the Postgres pool. Nil where only triggers are decoded.
+	DB *pgxpool.Pool
+	// Locker is the process's lock port, for library code a kind calls that
+	// takes its lock itself (reentrantly, under the run's context).
+	Locker ownership.Locker
+	// Log gets the kind's log lines. Never nil in Open.
+	Log *slog.Logger
+	// Registerer gets the kind's own metrics. Nil: not registered.
+	Registerer prometheus.Registerer
 }
 
 // Spec is what a kind is called and where its triggers arrive.
@@ -69,47 +172,9 @@ type Spec struct {
 	// trigger.
 	HTTPPath string
 	// HTTPAsync answers POST with 202 as soon as the run is owned (and
-	// claimed, for a Claimer) and lets it go on in the background; otherwise
-	// the call waits for the outcome.
+	// claimed, for a kind with a Claim) and lets it go on in the
+	// background; otherwise the call waits for the outcome.
 	HTTPAsync bool
-}
-
-// Deps are what Open may use. Nothing in them is contacted by Open itself.
-type Deps struct {
-	// Config is the deployment's configuration.
-	Config config.Config
-	// DB is the Postgres pool. Nil where only triggers are decoded (the CLI
-	// `trigger` command never opens a kind).
-	DB *pgxpool.Pool
-	// Locker is the process's lock port, for library code a kind calls that
-	// takes its lock itself (reentrantly, under the run's context).
-	Locker ownership.Locker
-	// Log gets the kind's log lines.
-	Log *slog.Logger
-	// Registerer gets the kind's own metrics. Nil: not registered.
-	Registerer prometheus.Registerer
-	// Telemetry traces runs (the template's spans and the kinds'). Nil:
-	// tracing off.
-	Telemetry *telemetry.Provider
-	// Progress shows runs' progress. Nil: ProgressLog with
-	// Config.ProgressInterval (DefaultProgressInterval when zero).
-	Progress ProgressReporter
-	// History keeps a record of every run that held its lock (the
-	// console's run history). Nil: none kept.
-	History RunHistory
-}
-
-// Worker runs a kind's owned work in one deployment.
-type Worker interface {
-	// Run does the work while the template holds the lock (and the claim).
-	// ctx is cancelled when the lease is lost or the caller shuts down
-	// (context.Cause is ErrShutdown then); stop at the next checkpoint.
-	//
-	// The Report goes into the result and the run's last event whatever the
-	// error. A nil error is outcome completed; an error matching ErrLost is
-	// lost (exit 76, not committed: a redelivery resumes); an error caused
-	// by a lost lease or shutdown is lost too; any other error is failed.
-	Run(ctx context.Context, run *Run, p Params) (Report, error)
 }
 
 // Report is what a run did.
@@ -119,12 +184,6 @@ type Report struct {
 	Counts map[string]int64
 	// Data are further fields of that event (a stop reason, say).
 	Data map[string]any
-}
-
-// Leaser is a Worker that says how its lock is held. Without it the lease
-// is watchdog-managed and released at once.
-type Leaser interface {
-	Lease(p Params) Lease
 }
 
 // Lease is how a run holds its lock (ADR-024 decision 3, docs/adr/024-distributed-lock-strategy.md).
@@ -140,93 +199,10 @@ type Lease struct {
 	MinHold time.Duration
 }
 
-// Claimer is a Worker whose runs take a claim in their own store before the
-// work, under the lock (a bill run's fenced bill_runs row). The template
-// calls Claim once the lock is held and before Run.
-type Claimer interface {
-	// Claim returns the claim's fence: every event after it carries that
-	// fence (data.lock_fence keeps the lock's). An error matching
-	// ErrAlreadyCompleted (a *CompletedError) means there is nothing to do:
-	// outcome already_completed, Run is not called. Other errors are
-	// classified like Run's.
-	Claim(ctx context.Context, run *Run, p Params) (fence int64, err error)
-}
-
-// CompletedChecker is a Worker that can tell, before the lock is taken,
-// that a run's work is complete for good, so that a repeated trigger (a
-// redelivery, a replay, a cron tick on every replica) is answered at the
-// rate its store answers one read, without queueing on the lock behind
-// the other repeats (a bill run of a COMPLETED period).
-//
-// Only for work whose completion is final: nothing the coordinator does
-// undoes it, so the answer read without the lock is the one Claim would
-// give under it at that instant. When in doubt the kind says nil, nil, and
-// the run goes the locked way (acquire, Claim), which decides as ever.
-type CompletedChecker interface {
-	// AlreadyCompleted returns a *CompletedError naming the run that
-	// completed the work, with its counts, when a run with p has nothing
-	// to do; nil, nil when it cannot tell (then the lock is taken). An
-	// error is logged and the lock is taken too: the locked way is the
-	// authority. run has no lease: events it emits carry no fence.
-	AlreadyCompleted(ctx context.Context, run *Run, p Params) (*CompletedError, error)
-}
-
-// Scheduler is a Worker that cron runs too. Every replica ticks; the lock
-// decides which one works.
-type Scheduler interface {
-	// Schedule is the robfig/cron spec from the configuration; empty: not
-	// scheduled.
-	Schedule() string
-	// Tick gives the Params of a tick at at, in the schedule's time zone.
-	Tick(at time.Time) (Params, error)
-}
-
-// StatusKind is a Kind whose runs can be looked up by id: GET
-// HTTPPath/{id} answers with the Worker's StatusReader.
-type StatusKind interface {
-	// StatusID is the id of the run p asks for (a bill run's period).
-	StatusID(p Params) string
-}
-
-// StatusReader is a Worker that reports a run's state (GET HTTPPath/{id}).
-type StatusReader interface {
-	// Status returns a JSON-encodable state, ErrNotFound, or an error
-	// wrapping job.ErrBadInput for an id that can never exist.
-	Status(ctx context.Context, id string) (any, error)
-}
-
-// Observer is a Worker that keeps metrics of its own outcomes (the series
-// that predate the template). The template calls it once per run.
-type Observer interface {
-	Observe(res job.Result)
-}
-
-// RecordKeyed is a Kind whose lock key can be read from a Kafka record key
-// alone, so that a rejected record's trigger.rejected names the key.
-// Without it, the event's subject is the kind's name.
-type RecordKeyed interface {
-	LockKeyOfRecord(recordKey []byte) (string, bool)
-}
-
-// Resumable is a Worker whose runs are finished by the resumer when they
-// did not complete: every replica asks it, every ResumeInterval, for the
-// runs its store knows to be accepted and not complete, and runs them again
-// through the template (lock, claim, the kind's own resume) with trigger
-// source job.SourceResume. The template also records, in run_requests, the
-// requests of its runs that did not complete (lost, a retryable failure,
-// already_owned), so a Kafka trigger is committed only once the resumer owes
-// its run. One method is all a kind adds to be resumed.
-type Resumable interface {
-	// Incomplete lists the runs accepted and not complete that another run
-	// would finish (a bill run: its bill_runs rows that are not COMPLETED).
-	// A run in progress may be listed: the resumer finds its lock held.
-	Incomplete(ctx context.Context) ([]Incomplete, error)
-}
-
-// Incomplete is one run a Resumable lists.
-type Incomplete struct {
+// Incomplete is one run a Worker's Incomplete lists.
+type Incomplete[P any] struct {
 	// Params are the run's parameters (Encode must handle them).
-	Params Params
+	Params P
 	// Trigger is the request the kind's store names (request id,
 	// requester, source), for correlation; it may be empty.
 	Trigger job.Trigger
@@ -237,7 +213,7 @@ type Incomplete struct {
 	State string
 }
 
-// CompletionRecorder is a Worker whose store records, besides that a run
+// Completions is a Worker whose store records, besides that a run
 // completed, whether its run.completed was acknowledged by the events topic
 // (a bill run: bill_runs.completed_event_at), so that the event is at least
 // once across a crash of its replica: the Worker stores, with the
@@ -246,27 +222,28 @@ type Incomplete struct {
 // once the sink acknowledged that event; every replica's resumer
 // re-publishes, with the stored id, the completions left unmarked for
 // RepublishAfter (the owner was SIGKILLed with the event in its buffer, or
-// the buffer overflowed). Consumers drop the duplicates by id.
-type CompletionRecorder interface {
-	// RecordsCompletion says whether the completion of a run with p is
-	// recorded (a bill run's is; an adjustment run's is not: its
-	// run.completed stays at most once, with a random id).
-	RecordsCompletion(p Params) bool
-	// CompletionPublished marks the completion of p under claim fence as
+// the buffer overflowed). Consumers drop the duplicates by id. All three
+// functions are required.
+type Completions[P any] struct {
+	// Records says whether the completion of a run with p is recorded (a
+	// bill run's is; an adjustment run's is not: its run.completed stays
+	// at most once, with a random id).
+	Records func(p P) bool
+	// Published marks the completion of p under claim fence as
 	// acknowledged. Called only after the sink acknowledged its
 	// run.completed; marking twice is harmless.
-	CompletionPublished(ctx context.Context, p Params, fence int64) error
-	// UnpublishedCompletions lists at most limit completions not marked
-	// published that ended more than olderThan ago, oldest first; only those
-	// whose run.completed id the store kept.
-	UnpublishedCompletions(ctx context.Context, olderThan time.Duration, limit int) ([]Completion, error)
+	Published func(ctx context.Context, p P, fence int64) error
+	// Unpublished lists at most limit completions not marked published
+	// that ended more than olderThan ago, oldest first; only those whose
+	// run.completed id the store kept.
+	Unpublished func(ctx context.Context, olderThan time.Duration, limit int) ([]Completion[P], error)
 }
 
 // Completion is one completed run whose run.completed is not known to be
 // published.
-type Completion struct {
+type Completion[P any] struct {
 	// Params are the run's parameters (LockKey must handle them).
-	Params Params
+	Params P
 	// EventID is the id of the run's run.completed (Run.CompletionEventID),
 	// as the store kept it: a re-publication repeats it.
 	EventID string

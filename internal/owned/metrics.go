@@ -16,7 +16,15 @@ type metrics struct {
 	executing *prometheus.GaugeVec
 }
 
-func newMetrics(reg prometheus.Registerer, runs *inFlight) (*metrics, error) {
+// outcomes are every job.Outcome, the label values of a run's series.
+var outcomes = []job.Outcome{job.OutcomeCompleted, job.OutcomeAlreadyCompleted, job.OutcomeAlreadyOwned,
+	job.OutcomeUnavailable, job.OutcomeLost, job.OutcomeFailed}
+
+// newMetrics creates the template's series, each kind's (jobs) at 0 for
+// every outcome: an alert's increase() over
+// coordinator_run_duration_seconds_count then sees the first lost or failed
+// run after a replica starts (a series first seen at 1 has no increase).
+func newMetrics(reg prometheus.Registerer, runs *inFlight, jobs []string) (*metrics, error) {
 	m := &metrics{
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "coordinator_run_duration_seconds",
@@ -27,6 +35,12 @@ func newMetrics(reg prometheus.Registerer, runs *inFlight) (*metrics, error) {
 			Name: "coordinator_run_executing",
 			Help: "Owned runs of each kind this replica is executing now (lock held, work under way).",
 		}, []string{"job"}),
+	}
+	for _, name := range jobs {
+		m.executing.WithLabelValues(name)
+		for _, o := range outcomes {
+			m.duration.WithLabelValues(name, string(o))
+		}
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.duration, m.executing, newProgressCollector(runs)} {

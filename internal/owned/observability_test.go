@@ -17,7 +17,6 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
@@ -109,16 +108,16 @@ func labelsOf(m *dto.Metric) string {
 	return s
 }
 
-func newRunner(t *testing.T, w *ownedtest.Widget, d owned.Deps) (*owned.Runner, *events.Recorder) {
+func newRunner(t *testing.T, w *ownedtest.Widget, cfg owned.RunnerConfig) (*owned.Runner, *events.Recorder) {
 	t.Helper()
 	l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "replica-a", WaitTime: 50 * time.Millisecond, WatchdogTimeout: 3 * time.Second})
 	t.Cleanup(func() { _ = l.Close() })
-	reg, err := owned.NewRegistry(w)
+	reg, err := owned.NewRegistry(w.Kind())
 	require.NoError(t, err)
-	d.Locker = l
-	d.Config.ReplicaID = "replica-a"
+	cfg.Locker, cfg.Replica = l, "replica-a"
 	rec := &events.Recorder{}
-	r, err := owned.NewRunner(reg, d, rec)
+	cfg.Emit = rec
+	r, err := owned.NewRunner(reg, cfg)
 	require.NoError(t, err)
 	return r, rec
 }
@@ -137,10 +136,10 @@ func TestProgressIsLoggedAndGaugedWhileTheRunIsInFlight(t *testing.T) {
 		r.Committed(5, 500)
 		return owned.Report{}, nil
 	}}
-	runner, _ := newRunner(t, w, owned.Deps{Config: config.Config{ProgressInterval: 50 * time.Millisecond}, Log: logs.logger(), Registerer: prom})
+	runner, _ := newRunner(t, w, owned.RunnerConfig{ProgressInterval: 50 * time.Millisecond, Deps: owned.Deps{Log: logs.logger(), Registerer: prom}})
 	done := make(chan job.Result, 1)
 	go func() {
-		done <- runner.Run(context.Background(), w, ownedtest.Params{N: 1}, job.Trigger{Source: job.SourceCLI, RequestID: "req-1"})
+		done <- runner.Run(context.Background(), w.Kind(), w.Params(1), job.Trigger{Source: job.SourceCLI, RequestID: "req-1"})
 	}()
 	<-committed
 
@@ -176,8 +175,8 @@ func TestProgressBeforeTheTotalIsKnown(t *testing.T) {
 		got = r.Progress()
 		return owned.Report{}, nil
 	}}
-	runner, _ := newRunner(t, w, owned.Deps{})
-	require.Equal(t, job.OutcomeCompleted, runner.Run(context.Background(), w, ownedtest.Params{N: 1}, job.Trigger{}).Outcome)
+	runner, _ := newRunner(t, w, owned.RunnerConfig{})
+	require.Equal(t, job.OutcomeCompleted, runner.Run(context.Background(), w.Kind(), w.Params(1), job.Trigger{}).Outcome)
 	require.False(t, got.Known())
 	require.Equal(t, int64(4), got.BatchesCommitted)
 	require.Equal(t, time.Duration(-1), got.ETA)
@@ -216,8 +215,8 @@ func TestRunSpansEventsAndLogsShareTheTriggersTrace(t *testing.T) {
 			return owned.Report{Counts: map[string]int64{"n": 1}}, nil
 		},
 	}
-	runner, rec := newRunner(t, w, owned.Deps{Telemetry: telemetry.NewForTest(sr, nil), Log: logs.logger()})
-	res := runner.Run(withRemoteParent(remoteParent), w, ownedtest.Params{N: 1}, job.Trigger{Source: job.SourceKafka, RequestID: "req-9"})
+	runner, rec := newRunner(t, w, owned.RunnerConfig{Tracer: telemetry.NewForTest(sr, nil).TracerIfOn(owned.TracerName), Deps: owned.Deps{Log: logs.logger()}})
+	res := runner.Run(withRemoteParent(remoteParent), w.Kind(), w.Params(1), job.Trigger{Source: job.SourceKafka, RequestID: "req-9"})
 	require.Equal(t, job.OutcomeCompleted, res.Outcome)
 
 	spans := sr.Ended()
@@ -273,8 +272,8 @@ func TestTracingOffHandsTheTriggersTraceContextOn(t *testing.T) {
 		span.End()
 		return owned.Report{}, nil
 	}}
-	runner, rec := newRunner(t, w, owned.Deps{Log: logs.logger()})
-	require.Equal(t, job.OutcomeCompleted, runner.Run(withRemoteParent(remoteParent), w, ownedtest.Params{N: 1}, job.Trigger{RequestID: "r"}).Outcome)
+	runner, rec := newRunner(t, w, owned.RunnerConfig{Deps: owned.Deps{Log: logs.logger()}})
+	require.Equal(t, job.OutcomeCompleted, runner.Run(withRemoteParent(remoteParent), w.Kind(), w.Params(1), job.Trigger{RequestID: "r"}).Outcome)
 	require.False(t, tracing)
 	for _, e := range rec.Events() {
 		require.Equal(t, remoteParent, e.TraceParent)
@@ -283,8 +282,8 @@ func TestTracingOffHandsTheTriggersTraceContextOn(t *testing.T) {
 
 	// No trace context at all: no traceparent and no trace id.
 	logs2 := newLogSink()
-	runner, rec = newRunner(t, w, owned.Deps{Log: logs2.logger()})
-	require.Equal(t, job.OutcomeCompleted, runner.Run(context.Background(), w, ownedtest.Params{N: 1}, job.Trigger{RequestID: "r"}).Outcome)
+	runner, rec = newRunner(t, w, owned.RunnerConfig{Deps: owned.Deps{Log: logs2.logger()}})
+	require.Equal(t, job.OutcomeCompleted, runner.Run(context.Background(), w.Kind(), w.Params(1), job.Trigger{RequestID: "r"}).Outcome)
 	for _, e := range rec.Events() {
 		require.Empty(t, e.TraceParent)
 	}

@@ -25,6 +25,9 @@ func NewRegistry(kinds ...Kind) (*Registry, error) {
 		if k == nil {
 			return nil, errors.New("owned: nil Kind")
 		}
+		if err := k.check(); err != nil {
+			return nil, err
+		}
 		s := Normalize(k.Spec())
 		if err := checkName(s.Name); err != nil {
 			return nil, err

@@ -13,8 +13,8 @@ import (
 
 // The run_requests table (migrations/00009_run_requests.sql) holds, per
 // kind and lock key, the accepted requests the coordinator still owes a
-// completed run: what the resumer works from. Only kinds whose Worker is a
-// Resumable have rows. The template writes them at a run's end (requests
+// completed run: what the resumer works from. Only resumable kinds (Worker.Incomplete)
+// have rows. The template writes them at a run's end (requests
 // below), the resumer adopts the incomplete runs its kinds list and books
 // its attempts (resumer.go).
 
@@ -122,7 +122,10 @@ type requests struct {
 
 // encode is the request of a run of k with p, as Kind.Encode gives it.
 func encodeRequest(k Kind, p Params, t job.Trigger) (request, error) {
-	key, fields := k.Encode(p)
+	key, fields, err := k.Encode(p)
+	if err != nil {
+		return request{}, err
+	}
 	raw := make(map[string]json.RawMessage, len(fields))
 	for name, v := range fields {
 		b, err := json.Marshal(v)

@@ -22,6 +22,9 @@ import (
 const (
 	DefaultResumeInterval    = 15 * time.Second
 	DefaultResumeMaxAttempts = 10
+	// DefaultResumeConcurrency is how many resumed runs one replica's
+	// resumer runs at once.
+	DefaultResumeConcurrency = 2
 	// maxResumeBackoff caps the delay between two attempts of one request.
 	maxResumeBackoff = time.Hour
 	// DefaultRepublishAfter is how long a completion may stay unmarked
@@ -33,12 +36,19 @@ const (
 	DefaultRepublishAfter = 2 * time.Minute
 	// republishLimit bounds the completions one scan re-publishes per kind.
 	republishLimit = 100
+	// expiryMargin is how long after a held lock's observed TTL end the
+	// next scan looks again: the lock of an owner that died is gone by
+	// then (Redis expires keys on their TTL), so its run is resumed within
+	// about the TTL of the kill, not the TTL plus a scan interval.
+	expiryMargin = 50 * time.Millisecond
+	// minRescan bounds how soon after a scan another one may start.
+	minRescan = 10 * time.Millisecond
 )
 
 // ResumerConfig configures a Resumer.
 type ResumerConfig struct {
 	// Runner is the template, with the kinds to resume (those whose Worker
-	// is a Resumable) and the database. Required, with a database.
+	// has Incomplete) and the database. Required, with a database.
 	Runner *Runner
 	// Run runs one resumed run to its end. Default Runner.Run; a replica
 	// passes its dispatcher's, so that shutdown bounds resumed runs like
@@ -55,10 +65,18 @@ type ResumerConfig struct {
 	// or unavailable, or are cut short by a shutdown, do not count.
 	// Default 10.
 	MaxAttempts int
+	// Concurrency bounds the resumed runs this resumer runs at once, each
+	// in a goroutine of its own: a scan never waits for them, so a replica
+	// busy resuming one long run still resumes another whose owner died.
+	// Default DefaultResumeConcurrency.
+	Concurrency int
 	// Locks, when set, lets a scan skip the runs whose lock is held (their
-	// owner is working) instead of waiting for it. Optional.
+	// owner is working) instead of waiting for it, and look again as soon
+	// as the earliest of those locks would expire (its TTL as the scan saw
+	// it): an owner killed mid-run is resumed about its lock's TTL after
+	// the kill, not up to Interval later. Optional.
 	Locks ownership.Inspector
-	// RepublishAfter is how long a completion of a CompletionRecorder kind
+	// RepublishAfter is how long a completion of a kind with Completions
 	// stays unacknowledged before a scan publishes its run.completed again
 	// (COORDINATOR_EVENTS_REPUBLISH_AFTER). Default DefaultRepublishAfter.
 	// A replica re-publishes one event at most once per RepublishAfter.
@@ -70,12 +88,14 @@ type ResumerConfig struct {
 }
 
 // Resumer finishes, on every replica, the runs that were accepted and did
-// not complete: every Interval it asks each Resumable kind for its
+// not complete: every Interval it asks each resumable kind for its
 // incomplete runs (recording those it did not know in run_requests), reads
 // the kind's requests, sets the incomplete-run metrics, and runs the due
-// ones, one at a time, through the template with trigger source
-// job.SourceResume and the request's request id. The lock decides which
-// replica resumes a run; the others find it owned.
+// ones, Concurrency at a time, each in a goroutine of its own (a scan never
+// waits for them), through the template with trigger source
+// job.SourceResume and the request's request id. A due run whose lock is
+// held is looked at again when that lock's TTL ends (a dead owner's). The
+// lock decides which replica resumes a run; the others find it owned.
 //
 // A run that completes (or finds itself completed) clears its request; one
 // that fails permanently stays FAILED and its request permanent; one lost or
@@ -87,12 +107,21 @@ type Resumer struct {
 	log   *slog.Logger
 	m     *resumerMetrics
 	kinds []Kind
-	// recorders are the kinds whose Worker is a CompletionRecorder;
+	// recorders are the kinds whose Worker has Completions;
 	// republished the ids this replica re-published and when, so an event
 	// waiting in its sink is not queued again (under repMu).
 	recorders   []Kind
 	repMu       sync.Mutex
 	republished map[string]time.Time
+
+	// attempting are the lock keys of the attempts in flight (under amu),
+	// at most cfg.Concurrency; attempts tracks their goroutines. A due run
+	// that finds no free slot waits for a later scan (another replica's,
+	// likely): waking the loop when an attempt ends would turn attempts
+	// that end at once (already_owned, due again at once) into a busy loop.
+	amu        sync.Mutex
+	attempting map[string]bool
+	attempts   sync.WaitGroup
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -107,9 +136,12 @@ func NewResumer(cfg ResumerConfig) (*Resumer, error) {
 	if cfg.Runner == nil || cfg.Runner.requests == nil {
 		return nil, errors.New("owned: NewResumer needs a Runner with a database")
 	}
-	if cfg.Interval < 0 || cfg.MaxAttempts < 0 || cfg.RepublishAfter < 0 {
-		return nil, fmt.Errorf("owned: resumer interval %s, max attempts %d and republish after %s must not be negative",
-			cfg.Interval, cfg.MaxAttempts, cfg.RepublishAfter)
+	if cfg.Interval < 0 || cfg.MaxAttempts < 0 || cfg.RepublishAfter < 0 || cfg.Concurrency < 0 {
+		return nil, fmt.Errorf("owned: resumer interval %s, max attempts %d, republish after %s and concurrency %d must not be negative",
+			cfg.Interval, cfg.MaxAttempts, cfg.RepublishAfter, cfg.Concurrency)
+	}
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = DefaultResumeConcurrency
 	}
 	if cfg.RepublishAfter == 0 {
 		cfg.RepublishAfter = DefaultRepublishAfter
@@ -131,14 +163,14 @@ func NewResumer(cfg ResumerConfig) (*Resumer, error) {
 		return nil, err
 	}
 	s := &Resumer{cfg: cfg, reqs: cfg.Runner.requests, log: cfg.Log, m: m, done: make(chan struct{}),
-		republished: map[string]time.Time{}}
+		republished: map[string]time.Time{}, attempting: map[string]bool{}}
 	for _, k := range cfg.Runner.reg.Kinds() {
-		w := cfg.Runner.Worker(k.Spec().Name)
-		if _, ok := w.(Resumable); ok {
+		w := cfg.Runner.workers[k.Spec().Name]
+		if w.incomplete != nil {
 			s.kinds = append(s.kinds, k)
 			m.reset(k.Spec().Name)
 		}
-		if _, ok := w.(CompletionRecorder); ok {
+		if w.records != nil {
 			s.recorders = append(s.recorders, k)
 			m.republished.WithLabelValues(k.Spec().Name)
 		}
@@ -161,7 +193,8 @@ func (s *Resumer) Kinds() []string {
 	return out
 }
 
-// Start scans at once and then every Interval, in the background.
+// Start scans at once and then every Interval (sooner when a held lock of
+// a due run may expire), in the background.
 func (s *Resumer) Start(context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -171,13 +204,13 @@ func (s *Resumer) Start(context.Context) error {
 	s.began = true
 	go s.loop()
 	s.log.Info("resumer_started", "kinds", s.Kinds(), "interval", s.cfg.Interval, "max_attempts", s.cfg.MaxAttempts,
-		"republish_after", s.cfg.RepublishAfter)
+		"republish_after", s.cfg.RepublishAfter, "concurrency", s.cfg.Concurrency)
 	return nil
 }
 
-// Stop stops scanning, cancels a resumed run in flight (it ends lost at its
-// next checkpoint and releases; its request stays due) and waits. A
-// replica stops its dispatcher first, whose bound has ended that run
+// Stop stops scanning, cancels the resumed runs in flight (they end lost at
+// their next checkpoint and release; their requests stay due) and waits. A
+// replica stops its dispatcher first, whose bound has ended those runs
 // already. Safe twice.
 func (s *Resumer) Stop() {
 	s.once.Do(func() {
@@ -194,24 +227,35 @@ func (s *Resumer) Stop() {
 
 func (s *Resumer) loop() {
 	defer close(s.done)
-	// Re-publication on a ticker of its own: a resumed run blocks its scan
-	// for as long as it runs, and a lost run.completed must not wait for it.
+	defer s.attempts.Wait()
+	// Re-publication on a loop of its own: a scan that lists many runs must
+	// not hold up a lost run.completed.
 	var wg sync.WaitGroup
 	if len(s.recorders) > 0 {
-		wg.Go(func() { s.every(s.republishAll) })
+		wg.Go(func() {
+			s.every(func(ctx context.Context) time.Time {
+				s.republishAll(ctx)
+				return time.Time{}
+			})
+		})
 	}
 	s.every(s.resumeAll)
 	wg.Wait()
 }
 
-// every runs scan now and then every Interval until Stop.
-func (s *Resumer) every(scan func(context.Context)) {
-	t := time.NewTicker(s.cfg.Interval)
-	defer t.Stop()
+// every runs scan now and then again Interval after it ended, or sooner:
+// at the time scan returns, when that is not zero (the end of a held lock's
+// TTL), until Stop.
+func (s *Resumer) every(scan func(context.Context) time.Time) {
 	for {
-		scan(s.ctx)
+		wait := s.cfg.Interval
+		if at := scan(s.ctx); !at.IsZero() {
+			wait = max(min(wait, time.Until(at)), minRescan)
+		}
+		t := time.NewTimer(wait)
 		select {
 		case <-s.ctx.Done():
+			t.Stop()
 			return
 		case <-t.C:
 		}
@@ -219,16 +263,18 @@ func (s *Resumer) every(scan func(context.Context)) {
 }
 
 // Scan re-publishes the unacknowledged completions of every
-// CompletionRecorder kind, then looks once for incomplete runs of every
-// Resumable kind and runs the due ones. The loop runs the two on tickers of
-// their own; tests call Scan.
+// kind with Completions, then looks once for incomplete runs of every
+// resumable kind, runs the due ones (Concurrency at a time) and waits for
+// them. The loop runs the two on loops of their own and does not wait for
+// the runs; tests call Scan.
 func (s *Resumer) Scan(ctx context.Context) {
 	s.republishAll(ctx)
 	s.resumeAll(ctx)
+	s.attempts.Wait()
 }
 
 // republishAll re-publishes the unacknowledged completions of every
-// CompletionRecorder kind.
+// kind with Completions.
 func (s *Resumer) republishAll(ctx context.Context) {
 	for _, k := range s.recorders {
 		if ctx.Err() != nil {
@@ -238,34 +284,60 @@ func (s *Resumer) republishAll(ctx context.Context) {
 	}
 }
 
-// resumeAll looks once for incomplete runs of every Resumable kind and runs
-// the due ones (each to its end: a resumed run may take long).
-func (s *Resumer) resumeAll(ctx context.Context) {
-	var held map[string]bool
-	if s.cfg.Locks != nil {
-		lctx, cancel := context.WithTimeout(ctx, requestTimeout)
-		locks, err := s.cfg.Locks.Locks(lctx)
-		cancel()
-		if err == nil {
-			held = make(map[string]bool, len(locks))
-			for _, l := range locks {
-				held[l.Key] = true
-			}
-		}
-	}
+// resumeAll looks once for incomplete runs of every resumable kind and
+// starts the due ones, each in a goroutine of its own (at most
+// Concurrency in flight, one per lock key; the others wait for a later
+// scan). It returns
+// when to look again for the due runs it skipped because their lock was
+// held: the earliest end of those locks' TTLs as listed, plus expiryMargin
+// (zero: none). A live owner renews its lock before then, and the next scan
+// sees the new TTL; a dead owner's lock is gone, and its run is resumed.
+func (s *Resumer) resumeAll(ctx context.Context) time.Time {
+	var next time.Time
 	for _, k := range s.kinds {
 		if ctx.Err() != nil {
-			return
+			return next
 		}
-		s.scanKind(ctx, k, held)
+		if at := s.scanKind(ctx, k); !at.IsZero() && (next.IsZero() || at.Before(next)) {
+			next = at
+		}
 	}
+	return next
 }
 
-func (s *Resumer) scanKind(ctx context.Context, k Kind, held map[string]bool) {
+// heldLocks lists the locks held now (Locks), each with when its TTL, as
+// listed, ends plus expiryMargin (zero: no TTL). Nil without an Inspector or
+// when the listing fails: nothing is skipped, the lock decides.
+func (s *Resumer) heldLocks(ctx context.Context) map[string]time.Time {
+	if s.cfg.Locks == nil {
+		return nil
+	}
+	lctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	listed := time.Now()
+	locks, err := s.cfg.Locks.Locks(lctx)
+	if err != nil {
+		return nil
+	}
+	held := make(map[string]time.Time, len(locks))
+	for _, l := range locks {
+		var end time.Time
+		if l.TTL > 0 {
+			end = listed.Add(l.TTL + expiryMargin)
+		}
+		held[l.Key] = end
+	}
+	return held
+}
+
+// scanKind adopts, lists and runs k's due requests; it returns when the
+// earliest lock of a due request it skipped as held may have expired (zero:
+// none).
+func (s *Resumer) scanKind(ctx context.Context, k Kind) time.Time {
 	name := k.Spec().Name
-	w := s.cfg.Runner.Worker(name).(Resumable)
+	w := s.cfg.Runner.workers[name]
 	lctx, cancel := context.WithTimeout(ctx, 4*requestTimeout)
-	inc, err := w.Incomplete(lctx)
+	inc, err := w.incomplete(lctx)
 	if err != nil {
 		s.log.Warn("resume_list_failed", "job", name, "error", err)
 	}
@@ -288,23 +360,67 @@ func (s *Resumer) scanKind(ctx context.Context, k Kind, held map[string]bool) {
 	cancel()
 	if err != nil {
 		s.log.Warn("resume_list_failed", "job", name, "error", err)
-		return
+		return time.Time{}
 	}
 	s.m.observe(name, reqs)
+	// The locks are listed after the runs: a run claimed after the lock
+	// listing but before the run listing would look incomplete and free,
+	// and be attempted while it runs (its lock makes that a wasted
+	// attempt, with events of its own).
+	held := s.heldLocks(ctx)
 	var due []request
+	var expiry time.Time
 	for _, q := range reqs {
-		if !q.permanent && q.due && !held[q.key] {
+		if q.permanent || !q.due || s.inFlight(q.key) {
+			continue
+		}
+		end, locked := held[q.key]
+		if !locked {
 			due = append(due, q)
+			continue
+		}
+		if !end.IsZero() && (expiry.IsZero() || end.Before(expiry)) {
+			expiry = end
 		}
 	}
 	// Replicas scan alike; a random order spreads them over the runs.
 	rand.Shuffle(len(due), func(i, j int) { due[i], due[j] = due[j], due[i] })
 	for _, q := range due {
-		if ctx.Err() != nil {
-			return
+		if ctx.Err() != nil || !s.take(q.key) {
+			return expiry
 		}
-		s.attempt(ctx, k, q)
+		s.attempts.Go(func() {
+			defer s.give(q.key)
+			s.attempt(ctx, k, q)
+		})
 	}
+	return expiry
+}
+
+// inFlight reports whether this resumer is attempting the run of key.
+func (s *Resumer) inFlight(key string) bool {
+	s.amu.Lock()
+	defer s.amu.Unlock()
+	return s.attempting[key]
+}
+
+// take reserves an attempt slot for key: false when Concurrency attempts
+// are in flight (or key's is).
+func (s *Resumer) take(key string) bool {
+	s.amu.Lock()
+	defer s.amu.Unlock()
+	if s.attempting[key] || len(s.attempting) >= s.cfg.Concurrency {
+		return false
+	}
+	s.attempting[key] = true
+	return true
+}
+
+// give frees key's slot.
+func (s *Resumer) give(key string) {
+	s.amu.Lock()
+	defer s.amu.Unlock()
+	delete(s.attempting, key)
 }
 
 // republish publishes again the run.completed of k's completions that no
@@ -317,7 +433,7 @@ func (s *Resumer) scanKind(ctx context.Context, k Kind, held map[string]bool) {
 // the id (at least once).
 func (s *Resumer) republish(ctx context.Context, k Kind) {
 	name := k.Spec().Name
-	w := s.cfg.Runner.Worker(name).(CompletionRecorder)
+	w := s.cfg.Runner.workers[name]
 	s.repMu.Lock()
 	defer s.repMu.Unlock()
 	now := time.Now()
@@ -327,7 +443,7 @@ func (s *Resumer) republish(ctx context.Context, k Kind) {
 		}
 	}
 	lctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	list, err := w.UnpublishedCompletions(lctx, s.cfg.RepublishAfter, republishLimit)
+	list, err := w.unpublished(lctx, s.cfg.RepublishAfter, republishLimit)
 	cancel()
 	if err != nil {
 		s.log.Warn("republish_list_failed", "job", name, "error", err)
@@ -436,7 +552,7 @@ type resumerMetrics struct {
 	attempts   *prometheus.CounterVec
 	gaveUp     *prometheus.CounterVec
 	// republished counts the run.completed events this replica published
-	// again (CompletionRecorder).
+	// again (Worker.Completions).
 	republished *prometheus.CounterVec
 }
 

@@ -12,12 +12,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
 	"github.com/telco-platform/coordinator/internal/owned/ownedtest"
 	"github.com/telco-platform/coordinator/internal/ownership"
+	"github.com/telco-platform/coordinator/internal/ownership/redislock"
 	"github.com/telco-platform/coordinator/internal/testenv"
 )
 
@@ -33,12 +33,12 @@ func TestResumerBoundsAttemptsAndPagesPermanentFailures(t *testing.T) {
 	var mu sync.Mutex
 	incomplete := map[int]bool{1: true, 2: true, 3: true}
 	w := &ownedtest.Widget{
-		Incomplete: func(context.Context) ([]owned.Incomplete, error) {
+		Incomplete: func(context.Context) ([]owned.Incomplete[ownedtest.Params], error) {
 			mu.Lock()
 			defer mu.Unlock()
-			var out []owned.Incomplete
+			var out []owned.Incomplete[ownedtest.Params]
 			for n := range incomplete {
-				out = append(out, owned.Incomplete{Params: ownedtest.Params{N: n}, Since: time.Now().Add(-time.Hour), State: "RUNNING",
+				out = append(out, owned.Incomplete[ownedtest.Params]{Params: ownedtest.Params{N: n}, Since: time.Now().Add(-time.Hour), State: "RUNNING",
 					Trigger: job.Trigger{Source: job.SourceHTTP, RequestID: "req-widget"}})
 			}
 			return out, nil
@@ -56,12 +56,12 @@ func TestResumerBoundsAttemptsAndPagesPermanentFailures(t *testing.T) {
 			return owned.Report{}, nil
 		},
 	}
-	reg, err := owned.NewRegistry(w)
+	reg, err := owned.NewRegistry(w.Kind())
 	require.NoError(t, err)
 	l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "replica-a", WaitTime: 50 * time.Millisecond, WatchdogTimeout: 3 * time.Second})
 	defer l.Close()
 	rec := &events.Recorder{}
-	runner, err := owned.NewRunner(reg, owned.Deps{Config: config.Config{ReplicaID: "replica-a"}, DB: pg.Pool, Locker: l}, rec)
+	runner, err := owned.NewRunner(reg, owned.RunnerConfig{Deps: owned.Deps{DB: pg.Pool, Locker: l}, Replica: "replica-a", Emit: rec})
 	require.NoError(t, err)
 	prom := prometheus.NewRegistry()
 	rs, err := owned.NewResumer(owned.ResumerConfig{Runner: runner, Interval: 20 * time.Millisecond, MaxAttempts: 3,
@@ -161,8 +161,8 @@ func TestResumerBooksALongAttempt(t *testing.T) {
 	ctx := context.Background()
 	ran := make(chan struct{}, 10)
 	w := &ownedtest.Widget{
-		Incomplete: func(context.Context) ([]owned.Incomplete, error) {
-			return []owned.Incomplete{{Params: ownedtest.Params{N: 1}, State: "INTERRUPTED"}}, nil
+		Incomplete: func(context.Context) ([]owned.Incomplete[ownedtest.Params], error) {
+			return []owned.Incomplete[ownedtest.Params]{{Params: ownedtest.Params{N: 1}, State: "INTERRUPTED"}}, nil
 		},
 		Work: func(context.Context, *owned.Run, int) (owned.Report, error) {
 			time.Sleep(6 * time.Second) // longer than the booking bound: the behaviour under test
@@ -170,11 +170,11 @@ func TestResumerBooksALongAttempt(t *testing.T) {
 			return owned.Report{}, owned.Retryable(errors.New("connection reset by peer"))
 		},
 	}
-	reg, err := owned.NewRegistry(w)
+	reg, err := owned.NewRegistry(w.Kind())
 	require.NoError(t, err)
 	l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "replica-a", WaitTime: 50 * time.Millisecond, WatchdogTimeout: 3 * time.Second})
 	defer l.Close()
-	runner, err := owned.NewRunner(reg, owned.Deps{Config: config.Config{ReplicaID: "replica-a"}, DB: pg.Pool, Locker: l}, nil)
+	runner, err := owned.NewRunner(reg, owned.RunnerConfig{Deps: owned.Deps{DB: pg.Pool, Locker: l}, Replica: "replica-a"})
 	require.NoError(t, err)
 	// A long interval: the first scan makes the only attempt of this test.
 	rs, err := owned.NewResumer(owned.ResumerConfig{Runner: runner, Interval: time.Hour, MaxAttempts: 3})
@@ -193,4 +193,113 @@ func TestResumerBooksALongAttempt(t *testing.T) {
 		require.Equal(c, 1, attempts)
 		require.Equal(c, "failed", outcome)
 	}, 10*time.Second, 20*time.Millisecond)
+}
+
+// A run whose owner died holding its lock is resumed once the lock's TTL
+// ends, not at the next Interval: the scan that finds the lock held looks
+// again at the end of its TTL as listed (ownership.Inspector). Here the
+// Interval is an hour, so only that rescan can resume the run; before, the
+// run waited for the next Interval (15 s by default, on top of the TTL).
+func TestResumerLooksAgainWhenAHeldLockExpires(t *testing.T) {
+	t.Parallel()
+	pg := testenv.Postgres(t)
+	rd := testenv.Redis(t)
+	ctx := context.Background()
+	locker := func(owner string) *redislock.Locker {
+		client, err := redislock.NewClient(rd.URL, "single")
+		require.NoError(t, err)
+		l, err := redislock.New(client, redislock.Config{Prefix: rd.Prefix, Owner: owner, WaitTime: 50 * time.Millisecond})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = l.Close(); _ = client.Close() })
+		return l
+	}
+	// The dead owner's lock: an explicit lease nobody renews or releases.
+	_, err := locker("replica-dead").Acquire(ctx, "widget:1", 1500*time.Millisecond)
+	require.NoError(t, err)
+
+	w := &ownedtest.Widget{Incomplete: func(context.Context) ([]owned.Incomplete[ownedtest.Params], error) {
+		return []owned.Incomplete[ownedtest.Params]{{Params: ownedtest.Params{N: 1}, State: "RUNNING",
+			Trigger: job.Trigger{Source: job.SourceHTTP, RequestID: "req-dead"}}}, nil
+	}}
+	reg, err := owned.NewRegistry(w.Kind())
+	require.NoError(t, err)
+	l := locker("replica-b")
+	rec := &events.Recorder{}
+	runner, err := owned.NewRunner(reg, owned.RunnerConfig{Deps: owned.Deps{DB: pg.Pool, Locker: l}, Replica: "replica-b", Emit: rec})
+	require.NoError(t, err)
+	rs, err := owned.NewResumer(owned.ResumerConfig{Runner: runner, Interval: time.Hour, Locks: l})
+	require.NoError(t, err)
+	require.NoError(t, rs.Start(ctx))
+	defer rs.Stop()
+
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		require.Len(c, rec.OfType(events.RunCompleted), 1, "resumed once the dead owner's lock expired")
+	}, 30*time.Second, 10*time.Millisecond)
+	done := rec.OfType(events.RunCompleted)[0]
+	require.Equal(t, "widget:1", done.Key)
+	require.Equal(t, string(job.SourceResume), done.Trigger)
+	require.Equal(t, "req-dead", done.RequestID)
+	require.Empty(t, rec.OfType(events.OwnershipAlreadyOwned), "no attempt while the lock was held")
+}
+
+// A replica whose resumer is running one long resumed run still resumes
+// another run whose owner died: attempts run in goroutines of their own
+// (Concurrency), so the scan, and the look at a held lock's TTL end, go on.
+// Before, the scan waited for the long run to end.
+func TestResumerBusyWithALongRunStillResumesADeadOwnersRun(t *testing.T) {
+	t.Parallel()
+	pg := testenv.Postgres(t)
+	rd := testenv.Redis(t)
+	ctx := context.Background()
+	locker := func(owner string) *redislock.Locker {
+		client, err := redislock.NewClient(rd.URL, "single")
+		require.NoError(t, err)
+		l, err := redislock.New(client, redislock.Config{Prefix: rd.Prefix, Owner: owner, WaitTime: 50 * time.Millisecond})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = l.Close(); _ = client.Close() })
+		return l
+	}
+	_, err := locker("replica-dead").Acquire(ctx, "widget:2", 1500*time.Millisecond)
+	require.NoError(t, err)
+
+	long := make(chan struct{})
+	w := &ownedtest.Widget{
+		Incomplete: func(context.Context) ([]owned.Incomplete[ownedtest.Params], error) {
+			return []owned.Incomplete[ownedtest.Params]{
+				{Params: ownedtest.Params{N: 1}, State: "INTERRUPTED", Trigger: job.Trigger{Source: job.SourceKafka, RequestID: "req-long"}},
+				{Params: ownedtest.Params{N: 2}, State: "RUNNING", Trigger: job.Trigger{Source: job.SourceHTTP, RequestID: "req-dead"}},
+			}, nil
+		},
+		Work: func(ctx context.Context, _ *owned.Run, n int) (owned.Report, error) {
+			if n == 1 {
+				select { // the long run: until the test ends
+				case <-long:
+				case <-ctx.Done():
+				}
+			}
+			return owned.Report{}, nil
+		},
+	}
+	reg, err := owned.NewRegistry(w.Kind())
+	require.NoError(t, err)
+	l := locker("replica-b")
+	rec := &events.Recorder{}
+	runner, err := owned.NewRunner(reg, owned.RunnerConfig{Deps: owned.Deps{DB: pg.Pool, Locker: l}, Replica: "replica-b", Emit: rec})
+	require.NoError(t, err)
+	rs, err := owned.NewResumer(owned.ResumerConfig{Runner: runner, Interval: time.Hour, Locks: l})
+	require.NoError(t, err)
+	require.NoError(t, rs.Start(ctx))
+	defer rs.Stop()
+	defer close(long)
+
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		done := rec.OfType(events.RunCompleted)
+		require.Len(c, done, 1)
+		require.Equal(c, "widget:2", done[0].Key, "the dead owner's run, resumed while widget:1 runs")
+	}, 30*time.Second, 10*time.Millisecond)
+	acquired := map[string]bool{}
+	for _, e := range rec.OfType(events.OwnershipAcquired) {
+		acquired[e.Key] = true
+	}
+	require.True(t, acquired["widget:1"], "the long run is in flight")
 }

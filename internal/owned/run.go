@@ -41,7 +41,7 @@ type Run struct {
 func (r *Run) Job() string { return r.job }
 
 // CompletionEventID is the id the template gives this run's run.completed
-// (random, one per run). A CompletionRecorder stores it with the completion,
+// (random, one per run). A kind with Completions stores it with the completion,
 // so that a re-publication of a lost event carries the same id.
 func (r *Run) CompletionEventID() string { return r.completionID }
 

@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
@@ -41,16 +40,16 @@ func setup(t *testing.T, w *ownedtest.Widget) *bundle {
 
 func setupWith(t *testing.T, w *ownedtest.Widget, l ownership.Locker, mem *ownership.MemoryLocker) *bundle {
 	t.Helper()
-	reg, err := owned.NewRegistry(w)
+	reg, err := owned.NewRegistry(w.Kind())
 	require.NoError(t, err)
 	b := &bundle{locker: mem, rec: &events.Recorder{}, kind: w, reg: prometheus.NewRegistry()}
-	b.runner, err = owned.NewRunner(reg, owned.Deps{Config: config.Config{ReplicaID: l.Owner()}, Locker: l, Registerer: b.reg}, b.rec)
+	b.runner, err = owned.NewRunner(reg, owned.RunnerConfig{Deps: owned.Deps{Locker: l, Registerer: b.reg}, Replica: l.Owner(), Emit: b.rec})
 	require.NoError(t, err)
 	return b
 }
 
 func (b *bundle) run(ctx context.Context, n int) job.Result {
-	return b.runner.Run(ctx, b.kind, ownedtest.Params{N: n}, job.Trigger{Source: job.SourceCLI, RequestID: "req-1",
+	return b.runner.Run(ctx, b.kind.Kind(), b.kind.Params(n), job.Trigger{Source: job.SourceCLI, RequestID: "req-1",
 		RequestedBy: "alice", Principal: "ops-token"})
 }
 
@@ -254,7 +253,7 @@ func TestClaim(t *testing.T) {
 			return owned.Report{}, nil
 		}
 		b := setup(t, w)
-		o, res := b.runner.Begin(context.Background(), w, ownedtest.Params{N: 1}, job.Trigger{Source: job.SourceHTTP})
+		o, res := b.runner.Begin(context.Background(), w.Kind(), w.Params(1), job.Trigger{Source: job.SourceHTTP})
 		require.NotNil(t, o, res.Error)
 		require.Empty(t, res.Outcome, "owned and claimed, not ended")
 		require.Equal(t, int64(42), res.Fence)
@@ -375,39 +374,70 @@ func TestMinHoldDefersTheRelease(t *testing.T) {
 	require.Equal(t, job.OutcomeCompleted, b.run(context.Background(), 1).Outcome)
 }
 
+// Close releases the locks kept for a minimum hold at once (a process
+// that exits: its timers end with it); a hold taken afterwards keeps its
+// timer.
+func TestCloseReleasesTheHeldLocksNow(t *testing.T) {
+	t.Parallel()
+	w := &ownedtest.Widget{Lease: owned.Lease{TTL: time.Minute, MinHold: time.Hour}}
+	b := setup(t, w)
+	require.Equal(t, job.OutcomeCompleted, b.run(context.Background(), 1).Outcome)
+	locks, err := b.locker.Locks(context.Background())
+	require.NoError(t, err)
+	require.Len(t, locks, 1, "kept for the minimum hold")
+	b.runner.Close()
+	b.requireNoLocks(t)
+	b.runner.Close() // twice: nothing left
+	require.Equal(t, job.OutcomeCompleted, b.run(context.Background(), 2).Outcome)
+	locks, err = b.locker.Locks(context.Background())
+	require.NoError(t, err)
+	require.Len(t, locks, 1, "the Runner still runs, and holds again")
+	b.runner.Close()
+	b.requireNoLocks(t)
+}
+
 func TestLockKeyOutsideTheNamespaceFailsWithoutLocking(t *testing.T) {
 	t.Parallel()
 	w := &ownedtest.Widget{Name: "gadget"}
 	b := setup(t, w)
-	// widget's LockKey uses its name: make it lie.
-	res := b.runner.Run(context.Background(), renamed{w, "other"}, ownedtest.Params{N: 1}, job.Trigger{Source: job.SourceCLI})
+	other := &ownedtest.Widget{Name: "other"}
+	res := b.runner.Run(context.Background(), other.Kind(), other.Params(1), job.Trigger{Source: job.SourceCLI})
 	require.Equal(t, job.OutcomeFailed, res.Outcome)
 	require.Contains(t, res.Error, "not registered")
 	b.requireNoLocks(t)
 
-	reg, err := owned.NewRegistry(liar{w})
+	// A kind's Params given to another kind: failed, nothing locked, no cast.
+	res = b.runner.Run(context.Background(), w.Kind(), other.Params(1), job.Trigger{Source: job.SourceCLI})
+	require.Equal(t, job.OutcomeFailed, res.Outcome)
+	require.Contains(t, res.Error, `kind "gadget" given the params of kind "other"`)
+	res = b.runner.Run(context.Background(), w.Kind(), owned.Params{}, job.Trigger{Source: job.SourceCLI})
+	require.Equal(t, job.OutcomeFailed, res.Outcome)
+	b.requireNoLocks(t)
+
+	liar := owned.Define(owned.Def[ownedtest.Params]{
+		Spec:    owned.Spec{Name: "liar"},
+		Decode:  func(owned.Input) (ownedtest.Params, error) { return ownedtest.Params{N: 1}, nil },
+		LockKey: func(ownedtest.Params) string { return "billrun:2026-11" }, // another kind's namespace
+		Open: func(owned.Deps) (owned.Worker[ownedtest.Params], error) {
+			return owned.Worker[ownedtest.Params]{Run: func(context.Context, *owned.Run, ownedtest.Params) (owned.Report, error) {
+				t.Error("the liar's work ran")
+				return owned.Report{}, nil
+			}}, nil
+		},
+	})
+	reg, err := owned.NewRegistry(liar)
 	require.NoError(t, err)
-	r, err := owned.NewRunner(reg, owned.Deps{Locker: b.locker}, b.rec)
+	r, err := owned.NewRunner(reg, owned.RunnerConfig{Deps: owned.Deps{Locker: b.locker}, Emit: b.rec})
 	require.NoError(t, err)
-	res = r.Run(context.Background(), liar{w}, ownedtest.Params{N: 1}, job.Trigger{Source: job.SourceCLI})
+	p, err := owned.NewParams(liar, ownedtest.Params{N: 1})
+	require.NoError(t, err)
+	res = r.Run(context.Background(), liar, p, job.Trigger{Source: job.SourceCLI})
 	require.Equal(t, job.OutcomeFailed, res.Outcome)
 	require.Contains(t, res.Error, "outside its namespace")
-	require.Zero(t, w.Runs())
 	b.requireNoLocks(t)
+	_, err = owned.NewParams(liar, 7)
+	require.ErrorContains(t, err, `kind "liar" does not take params of type int`)
 }
-
-// renamed is a kind the Runner was not opened with.
-type renamed struct {
-	*ownedtest.Widget
-	name string
-}
-
-func (r renamed) Spec() owned.Spec { s := r.Widget.Spec(); s.Name = r.name; return s }
-
-// liar locks a key in another kind's namespace.
-type liar struct{ *ownedtest.Widget }
-
-func (liar) LockKey(owned.Params) string { return "billrun:2026-11" }
 
 func TestRunMetrics(t *testing.T) {
 	t.Parallel()
@@ -432,7 +462,10 @@ func TestRunMetrics(t *testing.T) {
 			counts[labels["outcome"]] += m.GetHistogram().GetSampleCount()
 		}
 	}
-	require.Equal(t, map[string]uint64{"completed": 1, "unavailable": 1}, counts)
+	// Every outcome's series exists (at 0 until it happens), so an alert's
+	// increase() sees the first lost or failed run.
+	require.Equal(t, map[string]uint64{"completed": 1, "unavailable": 1, "already_completed": 0, "already_owned": 0,
+		"lost": 0, "failed": 0}, counts)
 }
 
 func outcomes(rs []job.Result) []job.Outcome {

@@ -5,11 +5,11 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
-	"github.com/telco-platform/coordinator/internal/telemetry"
 )
 
 // TracerName is the instrumentation scope of the template's spans.
@@ -69,7 +69,7 @@ func (r *Run) startTrace(ctx context.Context, tr trace.Tracer) {
 		sc = r.span.SpanContext()
 		r.recording = r.span.IsRecording()
 	}
-	r.traceparent, r.tracestate = telemetry.TraceParent(sc)
+	r.traceparent, r.tracestate = traceParent(sc)
 	if sc.IsValid() {
 		r.log = r.log.With("trace_id", sc.TraceID().String())
 	}
@@ -123,4 +123,16 @@ func (r *Run) endTrace(res job.Result) {
 		r.span.SetStatus(codes.Error, res.Error)
 	}
 	r.span.End()
+}
+
+// traceParent is the W3C traceparent of sc and its tracestate (the
+// CloudEvents distributed-tracing extension), as the W3C propagator writes
+// them; both empty when sc is not valid.
+func traceParent(sc trace.SpanContext) (traceparent, tracestate string) {
+	if !sc.IsValid() {
+		return "", ""
+	}
+	c := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(trace.ContextWithSpanContext(context.Background(), sc), c)
+	return c.Get("traceparent"), c.Get("tracestate")
 }

@@ -74,8 +74,8 @@ func NewMemoryLocker(cfg MemoryConfig) *MemoryLocker {
 	if cfg.Owner == "" {
 		panic("ownership: MemoryConfig.Owner is required")
 	}
-	cfg.WaitTime = cmp.Or(cfg.WaitTime, 5*time.Second)
-	cfg.WatchdogTimeout = cmp.Or(cfg.WatchdogTimeout, 30*time.Second)
+	cfg.WaitTime = cmp.Or(cfg.WaitTime, DefaultWaitTime)
+	cfg.WatchdogTimeout = cmp.Or(cfg.WatchdogTimeout, DefaultWatchdogTimeout)
 	return &MemoryLocker{
 		cfg:      cfg,
 		locks:    map[string]*memLock{},
@@ -92,8 +92,13 @@ func (l *MemoryLocker) Owner() string { return l.cfg.Owner }
 
 // Acquire implements Locker.
 func (l *MemoryLocker) Acquire(ctx context.Context, key string, lease time.Duration) (Lease, error) {
+	return l.AcquireWithin(ctx, key, lease, l.cfg.WaitTime)
+}
+
+// AcquireWithin implements WaitLocker.
+func (l *MemoryLocker) AcquireWithin(ctx context.Context, key string, lease, wait time.Duration) (Lease, error) {
 	start := time.Now()
-	le, err := l.acquire(ctx, key, lease, start)
+	le, err := l.acquire(ctx, key, lease, start, wait)
 	if !errors.Is(err, ErrInvalidKey) {
 		outcome := AcquireOutcome(err)
 		if err == nil {
@@ -106,7 +111,7 @@ func (l *MemoryLocker) Acquire(ctx context.Context, key string, lease time.Durat
 	return le, err
 }
 
-func (l *MemoryLocker) acquire(ctx context.Context, key string, lease time.Duration, start time.Time) (Lease, error) {
+func (l *MemoryLocker) acquire(ctx context.Context, key string, lease time.Duration, start time.Time, wait time.Duration) (Lease, error) {
 	if err := ValidateKey(key); err != nil {
 		return nil, err
 	}
@@ -119,7 +124,7 @@ func (l *MemoryLocker) acquire(ctx context.Context, key string, lease time.Durat
 	if err := ctx.Err(); err != nil {
 		return nil, Unavailable(key, err)
 	}
-	deadline := start.Add(l.cfg.WaitTime)
+	deadline := start.Add(wait)
 	for {
 		now := time.Now()
 		l.mu.Lock()
@@ -391,6 +396,6 @@ func (l *MemoryLocker) DeleteLock(key string) {
 }
 
 var (
-	_ Locker    = (*MemoryLocker)(nil)
-	_ Inspector = (*MemoryLocker)(nil)
+	_ WaitLocker = (*MemoryLocker)(nil)
+	_ Inspector  = (*MemoryLocker)(nil)
 )

@@ -75,6 +75,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.lost = register(reg, m.lost)
 		m.held = register(reg, m.held)
 	}
+	// Every outcome at 0 from the start: an alert's rate() or increase()
+	// sees the first unavailable acquisition or failed renewal after a
+	// replica starts (a counter first seen at 1 has no increase).
+	for _, o := range []string{OutcomeAcquired, OutcomeReentered, OutcomeAlreadyOwned, OutcomeUnavailable, OutcomeCanceled} {
+		m.acquisitions.WithLabelValues(o)
+	}
+	for _, o := range []string{RenewalOK, RenewalGone, RenewalError} {
+		m.renewals.WithLabelValues(o)
+	}
 	return m
 }
 

@@ -50,6 +50,7 @@ func TestMetrics(t *testing.T) {
 # TYPE coordinator_lock_acquisitions_total counter
 coordinator_lock_acquisitions_total{outcome="acquired"} 2
 coordinator_lock_acquisitions_total{outcome="already_owned"} 1
+coordinator_lock_acquisitions_total{outcome="canceled"} 0
 coordinator_lock_acquisitions_total{outcome="reentered"} 1
 coordinator_lock_acquisitions_total{outcome="unavailable"} 1
 # HELP coordinator_lock_leases_held Leases currently held by this process.

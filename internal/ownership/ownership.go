@@ -34,6 +34,16 @@ type Locker interface {
 	Close() error
 }
 
+// WaitLocker is a Locker that also takes the wait per call: a caller that
+// asks again after a failed Acquire (coordinator lock, within its --wait)
+// waits only for what is left of its budget. Both Lockers implement it.
+type WaitLocker interface {
+	Locker
+	// AcquireWithin is Acquire waiting at most wait (0: one try) instead
+	// of the Locker's wait time.
+	AcquireWithin(ctx context.Context, key string, lease, wait time.Duration) (Lease, error)
+}
+
 // Inspector lists the locks that currently exist (for `coordinator locks`
 // and GET /v1/locks).
 type Inspector interface {
@@ -81,6 +91,13 @@ type Lease interface {
 // CodeLockAcquisitionFailed is the error code ADR-024 decision 7 names
 // (docs/adr/024-distributed-lock-strategy.md).
 const CodeLockAcquisitionFailed = "LOCK_ACQUISITION_FAILED"
+
+// Defaults every Locker takes for a zero wait time and watchdog timeout
+// (COORDINATOR_LOCK_WAIT_TIME, COORDINATOR_LOCK_WATCHDOG_TIMEOUT).
+const (
+	DefaultWaitTime        = 5 * time.Second
+	DefaultWatchdogTimeout = 30 * time.Second
+)
 
 // Reason says why an acquisition failed.
 type Reason string

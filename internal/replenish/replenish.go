@@ -37,7 +37,7 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/telco-platform/coordinator/internal/job"
+	"github.com/telco-platform/coordinator/internal/base10"
 	"github.com/telco-platform/coordinator/internal/msisdnreaper"
 	"github.com/telco-platform/coordinator/internal/owned"
 )
@@ -68,68 +68,83 @@ type Params struct {
 	MSISDNs []string `json:"msisdns,omitempty"`
 }
 
-// Kind is the replenishment kind.
-type Kind struct{}
-
-var (
-	_ owned.Kind        = Kind{}
-	_ owned.RecordKeyed = Kind{}
-)
-
-// Spec: `coordinator run replenish`, its topic, POST /v1/msisdn-pool/replenishments.
-func (Kind) Spec() owned.Spec {
-	return owned.Spec{Name: Name, Command: "replenish", Summary: "add numbers to the MSISDN pool as FREE (idempotent)",
-		Usage: "--first N --count K | MSISDN...", Topic: Topic, HTTPPath: "/v1/msisdn-pool/replenishments"}
+// New returns the replenishment kind: `coordinator run replenish`, its
+// topic, POST /v1/msisdn-pool/replenishments. It has no settings.
+func New() owned.Kind {
+	return owned.Define(owned.Def[Params]{
+		Spec: owned.Spec{Name: Name, Command: "replenish", Summary: "add numbers to the MSISDN pool as FREE (idempotent)",
+			Usage: "--first N --count K | MSISDN...", Topic: Topic, HTTPPath: "/v1/msisdn-pool/replenishments"},
+		Decode:        decode,
+		RejectReasons: []string{ReasonMissingNumbers, ReasonConflictingNumbers, ReasonBadMSISDN, ReasonBadCount, ReasonBadRange},
+		// The record has no key: one lock for every replenishment.
+		Encode: func(p Params) ([]byte, map[string]any) {
+			if p.MSISDNs != nil {
+				return nil, map[string]any{"msisdns": p.MSISDNs}
+			}
+			return nil, map[string]any{"first": p.First, "count": p.Count}
+		},
+		Flags: flags,
+		// msisdn-pool:replenish, whatever the numbers.
+		LockKey: func(Params) string { return Key },
+		// Every record asks for the one lock.
+		RecordLockKey: func([]byte) (string, bool) { return Key, true },
+		// The Worker adds on the deployment's pool and Locker.
+		Open: func(d owned.Deps) (owned.Worker[Params], error) {
+			w := worker{pool: msisdnreaper.NewPool(d.DB, d.Locker)}
+			return owned.Worker[Params]{Run: w.run}, nil
+		},
+	})
 }
 
-// Decode reads {"first":"...","count":K} or {"msisdns":[...]}.
-func (Kind) Decode(in owned.Input) (owned.Params, error) {
+// decode reads {"first":"...","count":K} or {"msisdns":[...]}, from every
+// source (the CLI's flags and arguments are these fields).
+func decode(in owned.Input) (Params, error) {
 	var w struct {
 		First   *string  `json:"first"`
 		Count   *int64   `json:"count"`
 		MSISDNs []string `json:"msisdns"`
 	}
 	if err := in.Decode(&w); err != nil {
-		return nil, err
+		return Params{}, err
 	}
 	ranged := w.First != nil || w.Count != nil
 	switch {
 	case ranged && in.Has("msisdns"):
-		return nil, owned.Reject(ReasonConflictingNumbers, `give either "first" and "count" or "msisdns", not both`)
+		return Params{}, owned.Reject(ReasonConflictingNumbers, "give either first and count (--first, --count) or msisdns (the CLI's arguments), not both")
 	case ranged:
 		if w.First == nil {
-			return nil, owned.Reject(ReasonMissingNumbers, `"count" needs "first" (the first number of the range)`)
+			return Params{}, owned.Reject(ReasonMissingNumbers, "count needs first (the first number of the range)")
 		}
 		if w.Count == nil {
-			return nil, owned.Reject(ReasonBadCount, `"first" needs "count" (how many numbers, 1..%d)`, msisdnreaper.MaxReplenish)
+			return Params{}, owned.Reject(ReasonBadCount, "first needs count (how many numbers, 1..%d)", msisdnreaper.MaxReplenish)
 		}
 		return checkRange(*w.First, *w.Count)
 	case len(w.MSISDNs) > 0:
 		return checkList(w.MSISDNs)
 	}
-	return nil, owned.Reject(ReasonMissingNumbers, `want {"first":"447700000000","count":1000} or {"msisdns":["447700000001",...]}`)
+	return Params{}, owned.Reject(ReasonMissingNumbers, `want {"first":"447700000000","count":1000} or {"msisdns":["447700000001",...]}`)
 }
 
-func checkRange(first string, count int64) (owned.Params, error) {
+func checkRange(first string, count int64) (Params, error) {
 	if err := msisdnreaper.ValidateMSISDN(first); err != nil {
-		return nil, owned.Reject(ReasonBadMSISDN, "first: %s", owned.RejectionOf(err).Detail)
+		return Params{}, owned.Reject(ReasonBadMSISDN, "first: %s", owned.RejectionOf(err).Detail)
 	}
 	if count < 1 || count > msisdnreaper.MaxReplenish {
-		return nil, owned.Reject(ReasonBadCount, "count = %d: must be 1..%d", count, msisdnreaper.MaxReplenish)
+		return Params{}, owned.Reject(ReasonBadCount, "count = %d: must be 1..%d", count, msisdnreaper.MaxReplenish)
 	}
 	if _, err := last(first, count); err != nil {
-		return nil, err
+		return Params{}, err
 	}
 	return Params{First: first, Count: count}, nil
 }
 
-func checkList(msisdns []string) (owned.Params, error) {
+func checkList(msisdns []string) (Params, error) {
 	if len(msisdns) > msisdnreaper.MaxReplenish {
-		return nil, owned.Reject(ReasonBadCount, "%d numbers: at most %d per run", len(msisdns), msisdnreaper.MaxReplenish)
+		return Params{}, owned.Reject(ReasonBadCount, "%d numbers: at most %d per run", len(msisdns), msisdnreaper.MaxReplenish)
 	}
 	for i, m := range msisdns {
 		if err := msisdnreaper.ValidateMSISDN(m); err != nil {
-			return nil, owned.Reject(ReasonBadMSISDN, "msisdns[%d]: %s", i, owned.RejectionOf(err).Detail)
+			return Params{}, owned.Reject(ReasonBadMSISDN, "msisdns[%d]: %s", i, owned.RejectionOf(err).Detail)
 		}
 	}
 	return Params{MSISDNs: msisdns}, nil
@@ -146,65 +161,35 @@ func last(first string, count int64) (string, error) {
 	return l, nil
 }
 
-// Encode is the record (no key: one lock for every replenishment).
-func (Kind) Encode(p owned.Params) ([]byte, map[string]any) {
-	v := p.(Params)
-	if v.MSISDNs != nil {
-		return nil, map[string]any{"msisdns": v.MSISDNs}
-	}
-	return nil, map[string]any{"first": v.First, "count": v.Count}
-}
-
-// Flags: --first and --count, or the numbers as arguments.
-func (Kind) Flags(fs *flag.FlagSet) func([]string) (owned.Params, error) {
+// flags: --first and --count, or the numbers as arguments, as the
+// trigger's fields (decode judges them).
+func flags(fs *flag.FlagSet) func([]string) (map[string]any, error) {
 	first := fs.String("first", "", "first number of the range (8 to 15 digits; leading zeros are kept)")
-	count := fs.Int64("count", 0, "how many numbers from --first on")
-	return func(args []string) (owned.Params, error) {
-		ranged := *first != "" || *count != 0
-		var (
-			p   owned.Params
-			err error
-		)
-		switch {
-		case ranged && len(args) > 0:
-			return nil, job.BadInput("give --first and --count, or numbers as arguments, not both")
-		case ranged && *first == "":
-			return nil, job.BadInput("--count needs --first")
-		case ranged && *count == 0:
-			return nil, job.BadInput("--first needs --count (how many numbers, 1..%d)", msisdnreaper.MaxReplenish)
-		case ranged:
-			p, err = checkRange(*first, *count)
-		case len(args) > 0:
-			p, err = checkList(args)
-		default:
-			return nil, job.BadInput("want --first N --count K, or the numbers as arguments")
+	count := base10.Int64(fs, "count", 0, "how many numbers from --first on")
+	return func(args []string) (map[string]any, error) {
+		fields := map[string]any{}
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		if set["first"] {
+			fields["first"] = *first
 		}
-		if err != nil {
-			return nil, job.BadInput("%s", owned.RejectionOf(err).Detail)
+		if set["count"] {
+			fields["count"] = *count
 		}
-		return p, nil
+		if len(args) > 0 {
+			fields["msisdns"] = args
+		}
+		return fields, nil
 	}
-}
-
-// LockKey is msisdn-pool:replenish, whatever the numbers.
-func (Kind) LockKey(owned.Params) string { return Key }
-
-// LockKeyOfRecord: every record asks for the one lock.
-func (Kind) LockKeyOfRecord([]byte) (string, bool) { return Key, true }
-
-// Open builds the Worker on the deployment's pool and Locker.
-func (Kind) Open(d owned.Deps) (owned.Worker, error) {
-	return worker{pool: msisdnreaper.NewPool(d.DB, d.Locker)}, nil
 }
 
 type worker struct {
 	pool *msisdnreaper.Pool
 }
 
-// Run adds the numbers in one transaction. Counts: added (new numbers),
+// run adds the numbers in one transaction. Counts: added (new numbers),
 // existing (already in the pool, left as they were), offered (their sum).
-func (w worker) Run(ctx context.Context, run *owned.Run, params owned.Params) (owned.Report, error) {
-	p := params.(Params)
+func (w worker) run(ctx context.Context, run *owned.Run, p Params) (owned.Report, error) {
 	numbers := msisdnreaper.List(p.MSISDNs...)
 	if p.MSISDNs == nil {
 		l, err := last(p.First, p.Count)

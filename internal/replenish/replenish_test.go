@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
@@ -24,18 +23,29 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { testenv.RemoveBinaries() }))
 }
 
+var kind = replenish.New()
+
+// params are the Params of a replenishment of p.
+func params(p replenish.Params) owned.Params {
+	out, err := owned.NewParams(kind, p)
+	if err != nil {
+		panic(err)
+	}
+	return out
+}
+
 func decode(t *testing.T, body string, strict bool) (owned.Params, error) {
 	t.Helper()
 	var fields map[string]json.RawMessage
 	require.NoError(t, json.Unmarshal([]byte(body), &fields))
-	return replenish.Kind{}.Decode(owned.NewInput(job.SourceKafka, nil, fields, strict))
+	return kind.Decode(owned.NewInput(job.SourceKafka, nil, fields, strict))
 }
 
 func TestDecode(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		body   string
-		want   owned.Params
+		want   replenish.Params
 		reason string
 	}{
 		{body: `{"first":"447700000000","count":1000}`, want: replenish.Params{First: "447700000000", Count: 1000}},
@@ -59,28 +69,31 @@ func TestDecode(t *testing.T) {
 		p, err := decode(t, tc.body, false)
 		if tc.reason == "" {
 			require.NoError(t, err, tc.body)
-			require.Equal(t, tc.want, p, tc.body)
+			require.Equal(t, params(tc.want), p, tc.body)
 			continue
 		}
 		require.ErrorIs(t, err, job.ErrBadInput, tc.body)
 		re := owned.RejectionOf(err)
 		require.Equal(t, tc.reason, re.Reason, "%s: %s", tc.body, re.Detail)
 		require.NotEmpty(t, re.Detail)
+		// Listed, so its DLQ counter exists at 0 before the first rejection.
+		require.Contains(t, append(owned.SharedRejectReasons(), replenish.New().RejectReasons()...), re.Reason)
 	}
 	_, err := decode(t, `{"msisdns":["447700000001"],"note":"x"}`, true)
 	require.ErrorContains(t, err, `unknown field "note"`, "HTTP bodies are strict")
 
 	// Encode is Decode's inverse.
 	for _, p := range []replenish.Params{{First: "0770090000", Count: 3}, {MSISDNs: []string{"447700000001"}}} {
-		key, fields := replenish.Kind{}.Encode(p)
+		key, fields, err := kind.Encode(params(p))
+		require.NoError(t, err)
 		require.Nil(t, key)
 		b, err := json.Marshal(fields)
 		require.NoError(t, err)
 		got, err := decode(t, string(b), true)
 		require.NoError(t, err)
-		require.Equal(t, p, got)
+		require.Equal(t, params(p), got)
 	}
-	lk, ok := replenish.Kind{}.LockKeyOfRecord([]byte("anything"))
+	lk, ok := kind.LockKeyOfRecord([]byte("anything"))
 	require.True(t, ok)
 	require.Equal(t, "msisdn-pool:replenish", lk)
 }
@@ -90,18 +103,22 @@ func TestFlags(t *testing.T) {
 	parse := func(args ...string) (owned.Params, error) {
 		fs := flag.NewFlagSet("x", flag.ContinueOnError)
 		fs.SetOutput(io.Discard)
-		build := replenish.Kind{}.Flags(fs)
+		build := kind.Flags(fs)
 		require.NoError(t, fs.Parse(args))
-		return build(fs.Args())
+		in, err := build(fs.Args())
+		if err != nil {
+			return owned.Params{}, err
+		}
+		return kind.Decode(in)
 	}
 	p, err := parse("--first", "447700000000", "--count", "10")
 	require.NoError(t, err)
-	require.Equal(t, replenish.Params{First: "447700000000", Count: 10}, p)
+	require.Equal(t, params(replenish.Params{First: "447700000000", Count: 10}), p)
 	p, err = parse("447700000001", "447700000002")
 	require.NoError(t, err)
-	require.Equal(t, replenish.Params{MSISDNs: []string{"447700000001", "447700000002"}}, p)
+	require.Equal(t, params(replenish.Params{MSISDNs: []string{"447700000001", "447700000002"}}), p)
 	for _, args := range [][]string{{}, {"--count", "3"}, {"--first", "447700000000"}, {"--first", "447700000000", "--count", "1", "447700000009"},
-		{"--first", "abc", "--count", "1"}, {"12"}} {
+		{"--first", "abc", "--count", "1"}, {"12"}, {"--first", "447700000000", "--count", "0"}} {
 		_, err := parse(args...)
 		require.ErrorIs(t, err, job.ErrBadInput, "%v", args)
 	}
@@ -115,15 +132,15 @@ func TestRunAddsNumbersIdempotently(t *testing.T) {
 	pg := testenv.Postgres(t)
 	l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "replica-a", WaitTime: 100 * time.Millisecond})
 	defer l.Close()
-	reg, err := owned.NewRegistry(replenish.Kind{})
+	reg, err := owned.NewRegistry(kind)
 	require.NoError(t, err)
 	rec := &events.Recorder{}
-	r, err := owned.NewRunner(reg, owned.Deps{Config: config.Config{ReplicaID: "replica-a"}, DB: pg.Pool, Locker: l}, rec)
+	r, err := owned.NewRunner(reg, owned.RunnerConfig{Deps: owned.Deps{DB: pg.Pool, Locker: l}, Replica: "replica-a", Emit: rec})
 	require.NoError(t, err)
 	ctx := context.Background()
 	trig := job.Trigger{Source: job.SourceCLI, RequestID: "r-1"}
 
-	res := r.Run(ctx, replenish.Kind{}, replenish.Params{First: "447700000000", Count: 100}, trig)
+	res := r.Run(ctx, kind, params(replenish.Params{First: "447700000000", Count: 100}), trig)
 	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
 	require.Equal(t, "msisdn-pool", res.Job)
 	require.Equal(t, "msisdn-pool:replenish", res.Key)
@@ -132,7 +149,7 @@ func TestRunAddsNumbersIdempotently(t *testing.T) {
 	require.Equal(t, int64(100), rec.OfType(events.RunCompleted)[0].Extra["added"])
 	require.Equal(t, int64(100), freeNumbers(t, pg))
 
-	res = r.Run(ctx, replenish.Kind{}, replenish.Params{MSISDNs: []string{"447700000099", "447700000100"}}, trig)
+	res = r.Run(ctx, kind, params(replenish.Params{MSISDNs: []string{"447700000099", "447700000100"}}), trig)
 	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
 	require.Equal(t, map[string]int64{"added": 1, "existing": 1, "offered": 2}, res.Counts)
 	require.Equal(t, int64(101), freeNumbers(t, pg))
@@ -140,7 +157,7 @@ func TestRunAddsNumbersIdempotently(t *testing.T) {
 	// Another holder of the lock: already_owned, nothing added.
 	held, err := l.Acquire(ctx, replenish.Key, 0)
 	require.NoError(t, err)
-	res = r.Run(ctx, replenish.Kind{}, replenish.Params{MSISDNs: []string{"447700000200"}}, trig)
+	res = r.Run(ctx, kind, params(replenish.Params{MSISDNs: []string{"447700000200"}}), trig)
 	require.Equal(t, job.OutcomeAlreadyOwned, res.Outcome)
 	require.Equal(t, "replica-a", res.Owner)
 	require.NoError(t, held.Release(ctx))
@@ -176,12 +193,12 @@ func TestReplenishReportsProgress(t *testing.T) {
 	pg := testenv.Postgres(t)
 	l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "replica-a", WaitTime: 100 * time.Millisecond})
 	defer l.Close()
-	reg, err := owned.NewRegistry(replenish.Kind{})
+	reg, err := owned.NewRegistry(kind)
 	require.NoError(t, err)
 	prog := &lastProgress{}
-	r, err := owned.NewRunner(reg, owned.Deps{DB: pg.Pool, Locker: l, Progress: prog}, &events.Recorder{})
+	r, err := owned.NewRunner(reg, owned.RunnerConfig{Deps: owned.Deps{DB: pg.Pool, Locker: l}, Progress: prog, Emit: &events.Recorder{}})
 	require.NoError(t, err)
-	res := r.Run(context.Background(), replenish.Kind{}, replenish.Params{First: "447700000000", Count: 50}, job.Trigger{})
+	res := r.Run(context.Background(), kind, params(replenish.Params{First: "447700000000", Count: 50}), job.Trigger{})
 	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
 	require.Len(t, prog.seen, 1)
 	require.Equal(t, int64(1), prog.seen[0].BatchesTotal, "one transaction")

@@ -36,7 +36,7 @@ type consoleParts struct {
 
 // runHistory is the template's owned.RunHistory (nil: the console is off).
 func (r *Replica) runHistory() owned.RunHistory {
-	if !r.cfg.ConsoleEnabled {
+	if !r.cfg.Console.Enabled {
 		return nil
 	}
 	r.con.metrics = consoledb.NewMetrics(r.reg)
@@ -54,14 +54,14 @@ func (r *Replica) stopHistory(bound context.Context) {
 // startConsole starts the tail, the indexer, the heartbeat and the janitor,
 // and builds the /ui/ handler that startHTTP mounts.
 func (r *Replica) startConsole(ctx context.Context) error {
-	if !r.cfg.ConsoleEnabled {
+	if !r.cfg.Console.Enabled {
 		return nil
 	}
 	tailOpts, err := r.kafkaOpts(kgo.ClientID("coordinator-console-tail-" + r.cfg.ReplicaID))
 	if err != nil {
 		return err
 	}
-	tail, err := eventtail.New(eventtail.Config{Brokers: r.cfg.KafkaBrokers, Topic: r.names.Events, ClientOpts: tailOpts, Log: r.log})
+	tail, err := eventtail.New(eventtail.Config{Brokers: r.cfg.Kafka.Brokers, Topic: r.names.Events, ClientOpts: tailOpts, Log: r.log})
 	if err != nil {
 		return err
 	}
@@ -73,8 +73,8 @@ func (r *Replica) startConsole(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	idx, err := consoledb.NewIndexer(consoledb.IndexerConfig{Brokers: r.cfg.KafkaBrokers, Topic: r.names.Events,
-		Group: r.cfg.KafkaGroup + "-console", ClientOpts: idxOpts, Pool: r.pool, Log: r.log, Metrics: r.con.metrics})
+	idx, err := consoledb.NewIndexer(consoledb.IndexerConfig{Brokers: r.cfg.Kafka.Brokers, Topic: r.names.Events,
+		Group: r.cfg.Kafka.Group + "-console", ClientOpts: idxOpts, Pool: r.pool, Log: r.log, Metrics: r.con.metrics})
 	if err != nil {
 		return err
 	}
@@ -82,7 +82,7 @@ func (r *Replica) startConsole(ctx context.Context) error {
 		return err
 	}
 	r.con.indexer = idx
-	jan, err := consoledb.NewJanitor(consoledb.JanitorConfig{Pool: r.pool, Retention: r.cfg.ConsoleRetention, Log: r.log})
+	jan, err := consoledb.NewJanitor(consoledb.JanitorConfig{Pool: r.pool, Retention: r.cfg.Console.Retention, Log: r.log})
 	if err != nil {
 		return err
 	}
@@ -104,15 +104,15 @@ func (r *Replica) startConsole(ctx context.Context) error {
 	if in, ok := r.locker.(ownership.Inspector); ok {
 		deps.Locks = in
 	}
-	h, err := console.New(console.Config{Replica: r.cfg.ReplicaID, Tokens: r.cfg.AdminTokenSet(), Kinds: kinds,
-		Action: action, SessionTTL: r.cfg.ConsoleSessionTTL, HeartbeatInterval: r.cfg.ConsoleHeartbeatInterval,
-		MaxStreams: r.cfg.ConsoleMaxStreams, Log: r.log, Registerer: r.reg}, deps)
+	h, err := console.New(console.Config{Replica: r.cfg.ReplicaID, Tokens: r.cfg.HTTP.AdminTokenSet(), Kinds: kinds,
+		Action: action, SessionTTL: r.cfg.Console.SessionTTL, HeartbeatInterval: r.cfg.Console.HeartbeatInterval,
+		MaxStreams: r.cfg.Console.MaxStreams, Log: r.log, Registerer: r.reg}, deps)
 	if err != nil {
 		return failed(64, err)
 	}
 	r.con.handler = h
 	hb, err := consoledb.NewHeartbeat(consoledb.HeartbeatConfig{Pool: r.pool, Replica: r.cfg.ReplicaID,
-		Version: r.rc.Version, Interval: r.cfg.ConsoleHeartbeatInterval, Log: r.log, Metrics: r.con.metrics,
+		Version: r.rc.Version, Interval: r.cfg.Console.HeartbeatInterval, Log: r.log, Metrics: r.con.metrics,
 		Ready: func() bool {
 			api := r.con.api.Load()
 			return api != nil && len(api.NotReady()) == 0

@@ -14,7 +14,6 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/telco-platform/coordinator/internal/billrun"
-	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
@@ -110,7 +109,7 @@ func BenchmarkTracingAcquireRelease(b *testing.B) {
 			env := testenv.Redis(b)
 			vs := variants(b)
 			w := &ownedtest.Widget{}
-			reg, err := owned.NewRegistry(w)
+			reg, err := owned.NewRegistry(w.Kind())
 			require.NoError(b, err)
 			runners := map[string]*owned.Runner{}
 			for _, v := range vs {
@@ -120,8 +119,8 @@ func BenchmarkTracingAcquireRelease(b *testing.B) {
 				l, err := redislock.New(client, redislock.Config{Prefix: env.Prefix + ":" + v.name, Owner: "bench", WaitTime: 30 * time.Second})
 				require.NoError(b, err)
 				b.Cleanup(func() { _ = l.Close(); _ = client.Close() })
-				runners[v.name], err = owned.NewRunner(reg, owned.Deps{Config: config.Config{ReplicaID: "bench"}, Locker: l,
-					Telemetry: v.tel}, events.EmitterFunc(func(context.Context, events.Event) {}))
+				runners[v.name], err = owned.NewRunner(reg, owned.RunnerConfig{Deps: owned.Deps{Locker: l}, Replica: "bench",
+					Tracer: v.tel.TracerIfOn(owned.TracerName), Emit: events.EmitterFunc(func(context.Context, events.Event) {})})
 				require.NoError(b, err)
 			}
 			ctx := context.Background()
@@ -131,7 +130,7 @@ func BenchmarkTracingAcquireRelease(b *testing.B) {
 				for i := range g {
 					wg.Go(func() {
 						for range n {
-							if res := runners[name].Run(ctx, w, ownedtest.Params{N: i + 1}, job.Trigger{Source: job.SourceCLI}); res.Outcome != job.OutcomeCompleted {
+							if res := runners[name].Run(ctx, w.Kind(), w.Params(i+1), job.Trigger{Source: job.SourceCLI}); res.Outcome != job.OutcomeCompleted {
 								b.Error(res.Outcome, res.Error)
 								return
 							}
@@ -204,12 +203,8 @@ func BenchmarkTracingBillRun(b *testing.B) {
 
 	// The progress denominator's count, alone: every variant pays it.
 	start := time.Now()
-	var left int64
-	require.NoError(b, pg.Pool.QueryRow(ctx, `select (select count(*) from subscribers s
-		where s.created_at <= now() and (s.activated_at is null or s.activated_at < $2)
-		  and (s.deactivated_at is null or s.deactivated_at > $3) and (s.status = 'ACTIVE' or s.deactivated_at is not null))
-		- (select coalesce(sum(subscribers), 0) from bill_run_batches where period = $1)`,
-		period.String(), period.End(time.UTC), period.Start(time.UTC)).Scan(&left))
+	_, err = billrun.CountToPlan(ctx, pg.Pool, period, period.Start(time.UTC), period.End(time.UTC), time.Now(), 0)
+	require.NoError(b, err)
 	countTook := time.Since(start)
 
 	vs := variants(b)
@@ -223,8 +218,8 @@ func BenchmarkTracingBillRun(b *testing.B) {
 		b.Cleanup(pool.Close)
 		l := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "bench"})
 		b.Cleanup(func() { _ = l.Close() })
-		runners[v.name], err = owned.NewRunner(reg, owned.Deps{DB: pool, Locker: l, Telemetry: v.tel},
-			events.EmitterFunc(func(context.Context, events.Event) {}))
+		runners[v.name], err = owned.NewRunner(reg, owned.RunnerConfig{Deps: owned.Deps{DB: pool, Locker: l},
+			Tracer: v.tel.TracerIfOn(owned.TracerName), Emit: events.EmitterFunc(func(context.Context, events.Event) {})})
 		require.NoError(b, err)
 	}
 	one := func(name string) time.Duration {
@@ -233,7 +228,9 @@ func BenchmarkTracingBillRun(b *testing.B) {
 		_, err = pg.Pool.Exec(ctx, `checkpoint`)
 		require.NoError(b, err)
 		start := time.Now()
-		res := runners[name].Run(ctx, k, period, job.Trigger{Source: job.SourceCLI})
+		p, err := owned.NewParams(k, billrun.Request{Period: period})
+		require.NoError(b, err)
+		res := runners[name].Run(ctx, k, p, job.Trigger{Source: job.SourceCLI})
 		flushOf(vs, name, b)
 		d := time.Since(start)
 		require.Equal(b, job.OutcomeCompleted, res.Outcome, res.Error)

@@ -2,12 +2,15 @@ package telemetry
 
 import (
 	"context"
+	"sort"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kotel"
 	"github.com/twmb/franz-go/plugin/kprom"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/protobuf/proto"
 )
 
 // KafkaTracing traces one franz-go client with kotel: a "publish" span per
@@ -76,4 +79,38 @@ func KafkaMetrics(reg prometheus.Registerer) []kgo.Opt {
 	}
 	return []kgo.Opt{kgo.WithHooks(kprom.NewMetrics("coordinator", kprom.Subsystem("kafka"), kprom.Registerer(reg),
 		kprom.WithClientLabel()))}
+}
+
+// kpromRenames are the kprom series named against Prometheus' conventions:
+// gauges named like counters (promtool check metrics: "non-counter metrics
+// should not have _total suffix"), which would mislead rate() and
+// increase(). The /metrics handler serves them under Name instead
+// (docs/observability.md).
+var kpromRenames = []struct{ From, Name string }{
+	{From: "coordinator_kafka_buffered_fetch_records_total", Name: "coordinator_kafka_buffered_fetch_records"},
+	{From: "coordinator_kafka_buffered_produce_records_total", Name: "coordinator_kafka_buffered_produce_records"},
+}
+
+// Gatherer is g, with kprom's gauges named like counters renamed
+// (kpromRenames): the replica's /metrics serves it.
+func Gatherer(g prometheus.Gatherer) prometheus.Gatherer {
+	return prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
+		mfs, err := g.Gather()
+		renamed := false
+		for _, mf := range mfs {
+			if mf.GetType() != dto.MetricType_GAUGE {
+				continue
+			}
+			for _, r := range kpromRenames {
+				if mf.GetName() == r.From {
+					mf.Name = proto.String(r.Name)
+					renamed = true
+				}
+			}
+		}
+		if renamed {
+			sort.Slice(mfs, func(i, j int) bool { return mfs[i].GetName() < mfs[j].GetName() })
+		}
+		return mfs, err
+	})
 }

@@ -231,6 +231,15 @@ func (p *Provider) TracerProvider() trace.TracerProvider {
 // Tracer is TracerProvider().Tracer(name).
 func (p *Provider) Tracer(name string) trace.Tracer { return p.TracerProvider().Tracer(name) }
 
+// TracerIfOn is Tracer when tracing is on, else nil: for components whose
+// nil tracer skips their span bookkeeping (owned.RunnerConfig.Tracer).
+func (p *Provider) TracerIfOn(name string) trace.Tracer {
+	if !p.Enabled() {
+		return nil
+	}
+	return p.Tracer(name)
+}
+
 // Propagator reads and writes trace context in headers: the configured
 // propagators when on, W3C trace context alone when off.
 func (p *Provider) Propagator() propagation.TextMapPropagator {

@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -15,6 +13,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+
+	"github.com/telco-platform/coordinator/internal/localsvc"
 )
 
 // RedisServer is a redis-server of the test's own on a free loopback port,
@@ -31,7 +31,7 @@ type RedisServer struct {
 	dir  string
 	port int
 	opts RedisServerOptions
-	proc *child
+	proc *localsvc.Process
 }
 
 // RedisServerOptions shape a throwaway server. The zero value is a plain
@@ -74,22 +74,18 @@ func (s *RedisServer) Port() int { return s.port }
 
 func (s *RedisServer) args() []string {
 	if s.opts.SentinelConf != nil {
-		conf := filepath.Join(s.dir, "sentinel.conf")
-		if _, err := os.Stat(conf); err != nil { // first start: Sentinel rewrites it later
-			lines := append([]string{"port " + strconv.Itoa(s.port), "bind 127.0.0.1", "dir " + s.dir, "loglevel notice"}, s.opts.SentinelConf...)
-			if err := os.WriteFile(conf, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
-				s.t.Fatalf("testenv: write sentinel.conf: %v", err)
-			}
+		args, err := localsvc.SentinelArgs(s.port, s.dir, s.opts.SentinelConf...)
+		if err != nil {
+			s.t.Fatalf("testenv: write sentinel.conf: %v", err)
 		}
-		return []string{conf, "--sentinel"}
+		return args
 	}
-	args := []string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--save", "",
-		"--appendonly", "no", "--daemonize", "no", "--dir", s.dir, "--loglevel", "notice"}
+	var extra []string
 	if s.opts.ReplicaOf != "" {
 		host, port, _ := net.SplitHostPort(s.opts.ReplicaOf)
-		args = append(args, "--replicaof", host, port)
+		extra = append(extra, "--replicaof", host, port)
 	}
-	return append(args, s.opts.Args...)
+	return localsvc.RedisArgs(s.port, s.dir, append(extra, s.opts.Args...)...)
 }
 
 // PID is the server's process id (0 while stopped).
@@ -97,7 +93,7 @@ func (s *RedisServer) PID() int {
 	if s.proc == nil {
 		return 0
 	}
-	return s.proc.pid()
+	return s.proc.PID()
 }
 
 // Start (re)starts the server on its port and waits until it logs that it
@@ -107,11 +103,11 @@ func (s *RedisServer) Start() {
 	if s.proc != nil {
 		return
 	}
-	ready := "ready to accept connections"
+	ready := localsvc.RedisReady
 	if s.opts.SentinelConf != nil {
-		ready = "sentinel id is" // Sentinel listens by then, and says nothing later
+		ready = localsvc.SentinelReady
 	}
-	p, err := startChild(exec.Command(s.bin, s.args()...), ready, time.Minute)
+	p, err := localsvc.Start(exec.Command(s.bin, s.args()...), ready, time.Minute, nil)
 	if err != nil {
 		s.t.Fatalf("testenv: redis-server on %s: %v", s.Addr(), err)
 	}
@@ -124,8 +120,8 @@ func (s *RedisServer) Stop() {
 	if s.proc == nil {
 		return
 	}
-	_ = s.proc.cmd.Process.Signal(syscall.SIGCONT) // a paused process dies too, but do not leave it stopped
-	_ = s.proc.stop(syscall.SIGKILL, time.Minute)
+	_ = s.proc.Signal(syscall.SIGCONT) // a paused process dies too, but do not leave it stopped
+	_ = s.proc.Stop(syscall.SIGKILL, time.Minute)
 	s.proc = nil
 }
 
@@ -133,14 +129,14 @@ func (s *RedisServer) Stop() {
 // is answered, replication stops. Resume continues it.
 func (s *RedisServer) Pause() {
 	if s.proc != nil {
-		_ = s.proc.cmd.Process.Signal(syscall.SIGSTOP)
+		_ = s.proc.Signal(syscall.SIGSTOP)
 	}
 }
 
 // Resume continues a paused server (SIGCONT).
 func (s *RedisServer) Resume() {
 	if s.proc != nil {
-		_ = s.proc.cmd.Process.Signal(syscall.SIGCONT)
+		_ = s.proc.Signal(syscall.SIGCONT)
 	}
 }
 

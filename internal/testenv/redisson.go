@@ -61,7 +61,7 @@ type Redisson struct {
 	mu      sync.Mutex
 	pending map[string][]chan RedissonReply // by worker, in order
 	done    chan struct{}                   // stdout ended
-	stderr  *tail
+	stderr  *Buffer                         // the harness's stderr, for error messages
 }
 
 // RedissonReply is one answer: the words after "ok", or Err.
@@ -111,7 +111,7 @@ func StartRedisson(t testing.TB, version string, target RedissonTarget, watchdog
 		t.Fatal(err)
 	}
 	r := &Redisson{t: t, cmd: cmd, stdin: stdin, pending: map[string][]chan RedissonReply{}, done: make(chan struct{}),
-		stderr: &tail{marker: "\x00", ready: make(chan struct{})}}
+		stderr: &Buffer{}}
 	errR, errW, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
@@ -123,7 +123,7 @@ func StartRedisson(t testing.TB, version string, target RedissonTarget, watchdog
 	_ = errW.Close()
 	go func() {
 		defer errR.Close()
-		r.stderr.scan(errR)
+		_, _ = io.Copy(r.stderr, errR)
 	}()
 	ready := make(chan string, 1)
 	go r.read(stdout, ready)

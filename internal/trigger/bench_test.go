@@ -12,7 +12,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/telco-platform/coordinator/internal/billrun"
-	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/eventsink"
 	"github.com/telco-platform/coordinator/internal/owned"
@@ -61,7 +60,7 @@ func BenchmarkTriggerToAcquired(b *testing.B) {
 	require.NoError(b, err)
 	require.NoError(b, sink.Start(ctx))
 	defer sink.Stop()
-	runner, err := owned.NewRunner(kinds, owned.Deps{Config: config.Config{ReplicaID: "bench-1"}, DB: pg.Pool, Locker: locker}, sink)
+	runner, err := owned.NewRunner(kinds, owned.RunnerConfig{Deps: owned.Deps{DB: pg.Pool, Locker: locker}, Replica: "bench-1", Emit: sink})
 	require.NoError(b, err)
 	d := trigger.NewDispatcher(trigger.DispatcherConfig{Runner: runner})
 	defer d.Shutdown(ctx)

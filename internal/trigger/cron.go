@@ -7,13 +7,12 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"runtime/debug"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/robfig/cron/v3"
 
-	"github.com/telco-platform/coordinator/internal/config"
+	"github.com/telco-platform/coordinator/internal/cronspec"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
 )
@@ -31,8 +30,19 @@ type CronJob struct {
 	Jitter time.Duration
 	// Run does one tick's work. The trigger's Source is job.SourceCron; at
 	// is the tick's scheduled time (for a regular tick, when cron fired it;
-	// for a catch-up, the missed tick's time), before any jitter.
-	Run func(ctx context.Context, t job.Trigger, at time.Time)
+	// for a catch-up, the missed tick's time), before any jitter. It
+	// returns nil when the tick is finished with (its run completed, failed
+	// for good, or is recorded for the resumer), ErrShuttingDown when the
+	// replica no longer takes work, and any other error when the tick is
+	// neither done nor durable: the cron runs it again, the same trigger,
+	// with backoff, until the schedule's next tick is due
+	// (retryTickUntilDurable).
+	Run func(ctx context.Context, t job.Trigger, at time.Time) error
+	// Key, when set, names the work of the tick at at (its lock key): a
+	// tick given up whose next tick has the same key is superseded, not
+	// dropped (every reaper sweep is the same work; each month's bill run
+	// is not).
+	Key func(at time.Time) (string, error)
 }
 
 // CronConfig configures Cron.
@@ -55,7 +65,17 @@ type CronConfig struct {
 	CatchUpWindow time.Duration
 	// Now is the clock catch-up reads. Default time.Now.
 	Now func() time.Time
+	// RetryBackoff is the delay before a tick that is neither done nor
+	// durable is run again; it doubles per attempt up to RetryMaxBackoff.
+	// Defaults DefaultCronRetryBackoff and DefaultCronRetryMaxBackoff.
+	RetryBackoff, RetryMaxBackoff time.Duration
 }
+
+// Defaults of CronConfig's retry of a tick that is neither done nor durable.
+const (
+	DefaultCronRetryBackoff    = time.Second
+	DefaultCronRetryMaxBackoff = time.Minute
+)
 
 // maxCatchUpSteps bounds the walk over a schedule's ticks in the catch-up
 // window (a per-second spec over a long window is not caught up).
@@ -63,8 +83,12 @@ const maxCatchUpSteps = 1 << 20
 
 // Cron fires CronJobs. A tick that arrives while the previous tick of the same
 // job still runs on this replica is skipped (logged), never queued. A tick
-// that panics is recovered, logged (cron_tick_panicked, with the stack) and
-// counted (coordinator_trigger_cron_panics_total); the replica goes on.
+// whose work is neither done nor durable (its run failed transiently and
+// could not be recorded for the resumer, say with Postgres down) is run
+// again with backoff until it is, bounded by the schedule's next tick
+// (retryTickUntilDurable). A tick that panics is recovered, logged
+// (cron_tick_panicked, with the stack) and counted
+// (coordinator_trigger_cron_panics_total); the replica goes on.
 type Cron struct {
 	cfg  CronConfig
 	log  *slog.Logger
@@ -93,9 +117,16 @@ func NewCron(cfg CronConfig, jobs ...CronJob) (*Cron, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.RetryBackoff <= 0 {
+		cfg.RetryBackoff = DefaultCronRetryBackoff
+	}
+	if cfg.RetryMaxBackoff <= 0 {
+		cfg.RetryMaxBackoff = DefaultCronRetryMaxBackoff
+	}
+	cfg.RetryMaxBackoff = max(cfg.RetryMaxBackoff, cfg.RetryBackoff)
 	ctx, cancel := context.WithCancel(context.Background())
 	cr := &Cron{cfg: cfg, log: cfg.Log, ctx: ctx, cancel: cancel,
-		c: cron.New(cron.WithParser(config.CronParser), cron.WithLogger(cron.DiscardLogger))}
+		c: cron.New(cron.WithParser(cronspec.Parser), cron.WithLogger(cron.DiscardLogger))}
 	for _, j := range jobs {
 		if j.Spec == "" {
 			continue
@@ -107,12 +138,13 @@ func NewCron(cfg CronConfig, jobs ...CronJob) (*Cron, error) {
 		if j.Jitter <= 0 {
 			j.Jitter = cfg.Jitter
 		}
-		sched, err := config.CronParser.Parse(j.Spec)
+		sched, err := cronspec.Parse(j.Spec)
 		if err != nil {
 			cancel()
 			return nil, fmt.Errorf("trigger: cron job %q spec %q: %w", j.Name, j.Spec, err)
 		}
 		e := cronEntry{job: j, schedule: sched, running: &sync.Mutex{}}
+		cfg.Metrics.cronJob(j.Name)
 		// Recover is the outermost wrapper: a panicking tick is logged and
 		// counted, and its deferred unlock still runs.
 		cr.c.Schedule(sched, cron.NewChain(cr.recoverer(j.Name)).Then(cron.FuncJob(func() { cr.tick(e, time.Now(), false) })))
@@ -163,7 +195,7 @@ func (cr *Cron) tick(e cronEntry, at time.Time, catchUp bool) {
 		cr.cfg.Metrics.cronCatchUp(j.Name)
 		cr.log.Info("cron_catchup_tick", "job", j.Name, "scheduled", at, "request_id", t.RequestID)
 	}
-	j.Run(cr.ctx, t, at)
+	cr.retryTickUntilDurable(j, e.schedule.Next(at), t, at)
 }
 
 // Start begins firing, then runs each job's missed tick (see
@@ -228,14 +260,4 @@ func (cr *Cron) Stop() {
 // ScheduleLocation is the time zone a cron spec fires in: its CRON_TZ= or
 // TZ= prefix, else the process's local zone. A kind's Tick gets the tick's
 // time in it (the bill-run schedule bills the month before, there).
-func ScheduleLocation(spec string) *time.Location {
-	for _, p := range []string{"CRON_TZ=", "TZ="} {
-		if rest, ok := strings.CutPrefix(spec, p); ok {
-			name, _, _ := strings.Cut(rest, " ")
-			if loc, err := time.LoadLocation(name); err == nil {
-				return loc
-			}
-		}
-	}
-	return time.Local
-}
+func ScheduleLocation(spec string) *time.Location { return cronspec.Location(spec) }

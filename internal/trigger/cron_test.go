@@ -1,8 +1,8 @@
 package trigger_test
 
 import (
-	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"sync"
@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/telco-platform/coordinator/internal/billrun"
-	"github.com/telco-platform/coordinator/internal/config"
+	"github.com/telco-platform/coordinator/internal/cronspec"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
@@ -23,39 +23,22 @@ import (
 	"github.com/telco-platform/coordinator/internal/trigger"
 )
 
-// syncBuffer is a log sink safe for the cron's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // A tick that panics is recovered, logged with its stack and counted; the
 // replica (here: the test binary) survives and the next tick runs. Before,
 // robfig/cron's default chain had no Recover and the panic ended the process.
 func TestCronRecoversAPanickingTick(t *testing.T) {
 	t.Parallel()
-	var logs syncBuffer
+	var logs testenv.Buffer
 	reg := prometheus.NewRegistry()
 	var calls atomic.Int32
 	next := make(chan struct{}, 10)
 	c, err := trigger.NewCron(trigger.CronConfig{Replica: "r1", Log: slog.New(slog.NewJSONHandler(&logs, nil)), Metrics: trigger.NewMetrics(reg)},
-		trigger.CronJob{Name: "boom", Spec: "* * * * * *", Run: func(context.Context, job.Trigger, time.Time) {
+		trigger.CronJob{Name: "boom", Spec: "* * * * * *", Run: func(context.Context, job.Trigger, time.Time) error {
 			if calls.Add(1) == 1 {
 				panic("a bug in a tick")
 			}
 			next <- struct{}{}
+			return nil
 		}})
 	require.NoError(t, err)
 	require.NoError(t, c.Start(context.Background()))
@@ -90,7 +73,7 @@ func TestLastTickInTheCatchUpWindow(t *testing.T) {
 		{"@every has no fixed ticks", "@every 1m", 6 * time.Hour, time.Time{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			sched, err := config.CronParser.Parse(tc.spec)
+			sched, err := cronspec.Parse(tc.spec)
 			require.NoError(t, err)
 			got, ok := trigger.LastTick(sched, now, tc.window)
 			require.Equal(t, !tc.want.IsZero(), ok)
@@ -110,9 +93,9 @@ func billrunReplica(t *testing.T, pg *testenv.PG, rd *testenv.RedisEnv, id, spec
 	l, err := redislock.New(client, redislock.Config{Prefix: rd.Prefix, Owner: id, WaitTime: 100 * time.Millisecond})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close(); _ = client.Close() })
-	reg, err := owned.NewRegistry(billrun.New(billrun.Config{BatchSize: 25}))
+	reg, err := owned.NewRegistry(billrun.New(billrun.Config{BatchSize: 25, Schedule: spec}))
 	require.NoError(t, err)
-	r, err := owned.NewRunner(reg, owned.Deps{Config: config.Config{ReplicaID: id, BillrunSchedule: spec}, DB: pg.Pool, Locker: l}, rec)
+	r, err := owned.NewRunner(reg, owned.RunnerConfig{Deps: owned.Deps{DB: pg.Pool, Locker: l}, Replica: id, Emit: rec})
 	require.NoError(t, err)
 	d := trigger.NewDispatcher(trigger.DispatcherConfig{Runner: r})
 	t.Cleanup(func() { d.Shutdown(context.Background()) })
@@ -168,8 +151,8 @@ func TestCronCatchesUpAMissedBillRunTickOnce(t *testing.T) {
 // (COORDINATOR_CRON_JITTER); a job's own Jitter wins.
 func TestCronJitterDefaultsToTheConfiguredOne(t *testing.T) {
 	t.Parallel()
-	var logs syncBuffer
-	noop := func(context.Context, job.Trigger, time.Time) {}
+	var logs testenv.Buffer
+	noop := func(context.Context, job.Trigger, time.Time) error { return nil }
 	c, err := trigger.NewCron(trigger.CronConfig{Log: slog.New(slog.NewJSONHandler(&logs, nil)), Jitter: 2 * time.Second},
 		trigger.CronJob{Name: "plain", Spec: "@every 1h", Run: noop},
 		trigger.CronJob{Name: "own", Spec: "@every 1h", Jitter: 5 * time.Second, Run: noop})
@@ -218,4 +201,131 @@ func TestCronCatchUpOnReplicasStartingTogetherBillsOnce(t *testing.T) {
 	var invoices int
 	require.NoError(t, pg.Pool.QueryRow(ctx, `select count(*) from invoices`).Scan(&invoices))
 	require.Equal(t, 200, invoices)
+}
+
+// A tick whose work is neither done nor durable is run again, the same
+// trigger each time, with backoff, until it is; then it is logged durable.
+func TestCronRetriesATickUntilItIsDurable(t *testing.T) {
+	t.Parallel()
+	var logs testenv.Buffer
+	reg := prometheus.NewRegistry()
+	var mu sync.Mutex
+	var seen []string
+	done := make(chan struct{})
+	run := func(_ context.Context, tr job.Trigger, _ time.Time) error {
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, tr.RequestID)
+		if len(seen) < 4 {
+			return errors.New("not recorded: Postgres is down")
+		}
+		close(done)
+		return nil
+	}
+	// The monthly tick of 1 December, caught up at start: the next one is
+	// a month away.
+	c, err := trigger.NewCron(trigger.CronConfig{Replica: "r1", Log: slog.New(slog.NewJSONHandler(&logs, nil)),
+		Metrics: trigger.NewMetrics(reg), CatchUpWindow: 6 * time.Hour, RetryBackoff: 10 * time.Millisecond,
+		Now: func() time.Time { return time.Date(2026, time.December, 1, 5, 0, 0, 0, time.UTC) }},
+		trigger.CronJob{Name: "monthly", Spec: "CRON_TZ=UTC 0 2 1 * *", Run: run})
+	require.NoError(t, err)
+	require.NoError(t, c.Start(context.Background()))
+	defer c.Stop()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the tick was not retried until it was durable")
+	}
+	c.Stop()
+	mu.Lock()
+	require.Len(t, seen, 4)
+	for _, id := range seen {
+		require.Equal(t, seen[0], id, "the same trigger each time")
+	}
+	mu.Unlock()
+	require.Equal(t, float64(3), counterOf(t, reg, "coordinator_trigger_cron_retries_total"))
+	require.Zero(t, counterOf(t, reg, "coordinator_trigger_cron_ticks_dropped_total"))
+	out := logs.String()
+	require.Equal(t, 3, strings.Count(out, `"msg":"cron_tick_retry"`))
+	require.Contains(t, out, `"msg":"cron_tick_durable"`)
+}
+
+// The retry of a tick is bounded by the schedule's next tick: it is given up
+// (cron_tick_dropped, reason next_tick, counted) in time for the next tick to
+// run, which is never skipped as "still running".
+func TestCronGivesATickUpBeforeTheNextTick(t *testing.T) {
+	t.Parallel()
+	var logs testenv.Buffer
+	reg := prometheus.NewRegistry()
+	var mu sync.Mutex
+	attempts := map[string]int{}
+	run := func(_ context.Context, tr job.Trigger, _ time.Time) error {
+		mu.Lock()
+		defer mu.Unlock()
+		attempts[tr.RequestID]++
+		return errors.New("never durable")
+	}
+	c, err := trigger.NewCron(trigger.CronConfig{Replica: "r1", Log: slog.New(slog.NewJSONHandler(&logs, nil)),
+		Metrics: trigger.NewMetrics(reg), RetryBackoff: 100 * time.Millisecond},
+		trigger.CronJob{Name: "every3s", Spec: "*/3 * * * * *", Run: run})
+	require.NoError(t, err)
+	require.NoError(t, c.Start(context.Background()))
+	defer c.Stop()
+	require.Eventually(t, func() bool {
+		return counterOf(t, reg, "coordinator_trigger_cron_ticks_dropped_total") >= 2
+	}, 60*time.Second, 10*time.Millisecond)
+	c.Stop()
+	mu.Lock()
+	defer mu.Unlock()
+	require.GreaterOrEqual(t, len(attempts), 2, "two ticks")
+	for id, n := range attempts {
+		require.Greaterf(t, n, 1, "tick %s was retried", id)
+	}
+	out := logs.String()
+	require.NotContains(t, out, "cron_tick_skipped", "the retry ended before the next tick")
+	require.Contains(t, out, `"msg":"cron_tick_dropped"`)
+	require.Contains(t, out, `"reason":"next_tick"`)
+}
+
+// Stopping the cron ends a tick's retry: it is dropped with reason shutdown.
+func TestCronStopEndsATicksRetry(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	tried := make(chan struct{}, 1)
+	c, err := trigger.NewCron(trigger.CronConfig{Replica: "r1", Metrics: trigger.NewMetrics(reg), CatchUpWindow: 6 * time.Hour,
+		RetryBackoff: time.Hour, Now: func() time.Time { return time.Date(2026, time.December, 1, 5, 0, 0, 0, time.UTC) }},
+		trigger.CronJob{Name: "monthly", Spec: "CRON_TZ=UTC 0 2 1 * *", Run: func(context.Context, job.Trigger, time.Time) error {
+			select {
+			case tried <- struct{}{}:
+			default:
+			}
+			return errors.New("never durable")
+		}})
+	require.NoError(t, err)
+	require.NoError(t, c.Start(context.Background()))
+	<-tried
+	c.Stop() // does not wait out the hour's backoff
+	require.Equal(t, float64(1), labelledCounter(t, reg, "coordinator_trigger_cron_ticks_dropped_total",
+		map[string]string{"job": "monthly", "reason": "shutdown"}))
+}
+
+// A tick given up whose next tick does the same work (the same key: every
+// reaper sweep) is superseded, not dropped: logged, not counted, no page.
+func TestCronTickSupersededByTheNextIsNotDropped(t *testing.T) {
+	t.Parallel()
+	var logs testenv.Buffer
+	reg := prometheus.NewRegistry()
+	c, err := trigger.NewCron(trigger.CronConfig{Replica: "r1", Log: slog.New(slog.NewJSONHandler(&logs, nil)),
+		Metrics: trigger.NewMetrics(reg), RetryBackoff: 100 * time.Millisecond},
+		trigger.CronJob{Name: "sweep", Spec: "*/2 * * * * *",
+			Run: func(context.Context, job.Trigger, time.Time) error { return errors.New("lock backend unavailable") },
+			Key: func(time.Time) (string, error) { return "msisdn-reaper:sweep", nil }})
+	require.NoError(t, err)
+	require.NoError(t, c.Start(context.Background()))
+	defer c.Stop()
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), `"msg":"cron_tick_superseded"`) },
+		30*time.Second, 10*time.Millisecond)
+	c.Stop()
+	require.Zero(t, counterOf(t, reg, "coordinator_trigger_cron_ticks_dropped_total"))
+	require.NotContains(t, logs.String(), `"msg":"cron_tick_dropped"`)
 }

@@ -32,7 +32,8 @@ type Request struct {
 // (too_large; maxBytes <= 0 means DefaultMaxRecordBytes), anything that is
 // not one JSON object (malformed_json), request ids or requesters that
 // would not print cleanly, and whatever k.Decode rejects. Every error is a
-// *owned.RejectError matching job.ErrBadInput.
+// *owned.RejectError matching job.ErrBadInput. A member given twice is
+// rejected (duplicate_key) rather than read last-wins.
 func DecodeRecord(k owned.Kind, key, value []byte, maxBytes int) (Request, error) {
 	fields, err := decodeObject(value, maxBytes)
 	if err != nil {
@@ -85,6 +86,9 @@ func decodeObject(value []byte, maxBytes int) (map[string]json.RawMessage, error
 	}
 	if dec.More() {
 		return nil, owned.Reject(owned.ReasonMalformedJSON, "trailing data after the JSON object")
+	}
+	if err := owned.RejectDuplicateKeys(trimmed); err != nil {
+		return nil, err
 	}
 	return fields, nil
 }

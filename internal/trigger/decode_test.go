@@ -16,9 +16,18 @@ import (
 )
 
 var (
-	nov   = billrun.Period{Year: 2026, Month: time.November}
 	bills = testBills()
+	nov   = billParams(billrun.Request{Period: billrun.Period{Year: 2026, Month: time.November}})
 )
+
+// billParams are the Params of a bill run of bills.
+func billParams(r billrun.Request) owned.Params {
+	p, err := owned.NewParams(bills, r)
+	if err != nil {
+		panic(err)
+	}
+	return p
+}
 
 func TestDecodeRecord(t *testing.T) {
 	t.Parallel()
@@ -45,11 +54,15 @@ func TestDecodeRecord(t *testing.T) {
 		{name: "year 1999", value: `{"period":"1999-12"}`, reason: billrun.ReasonBadPeriod},
 		{name: "format", value: `{"period":"2026/11"}`, reason: billrun.ReasonBadPeriod},
 		{name: "key mismatch", key: "2026-10", value: `{"period":"2026-11"}`, reason: billrun.ReasonKeyMismatch},
+		{name: "duplicate member", value: `{"period":"2026-11","period":"2026-10"}`, reason: owned.ReasonDuplicateKey},
+		{name: "duplicate envelope member", value: `{"period":"2026-11","requested_by":"a","requested_by":"b"}`, reason: owned.ReasonDuplicateKey},
+		{name: "duplicate nested member", value: `{"period":"2026-11","meta":{"a":1,"a":2}}`, reason: owned.ReasonDuplicateKey},
+		{name: "same name in two objects", value: `{"period":"2026-11","x":{"a":1},"y":{"a":1}}`, want: trigger.Request{Params: nov}},
 		{name: "open period", key: "2026-12", value: `{"period":"2026-12"}`, reason: billrun.ReasonPeriodNotClosed},
 		{name: "open period forced", value: `{"period":"2026-12","force":true}`, reason: billrun.ReasonPeriodNotClosed},
 		{name: "future period", value: `{"period":"2999-12"}`, reason: billrun.ReasonPeriodNotClosed},
 		{name: "too old", value: `{"period":"2020-01"}`, reason: billrun.ReasonPeriodTooOld},
-		{name: "forced", value: `{"period":"2020-01","force":true}`, want: trigger.Request{Params: billrun.Request{Period: billrun.Period{Year: 2020, Month: time.January}, Force: true}}},
+		{name: "forced", value: `{"period":"2020-01","force":true}`, want: trigger.Request{Params: billParams(billrun.Request{Period: billrun.Period{Year: 2020, Month: time.January}, Force: true})}},
 		{name: "empty request id", value: `{"period":"2026-11","request_id":""}`, reason: owned.ReasonBadRequestID},
 		{name: "request id spaces", value: `{"period":"2026-11","request_id":"a b"}`, reason: owned.ReasonBadRequestID},
 		{name: "request id long", value: `{"period":"2026-11","request_id":"` + strings.Repeat("a", 129) + `"}`, reason: owned.ReasonBadRequestID},
@@ -70,19 +83,22 @@ func TestDecodeRecord(t *testing.T) {
 			require.Equal(t, tc.reason, re.Reason, re.Detail)
 			require.NotEmpty(t, re.Detail)
 			require.ErrorIs(t, err, job.ErrBadInput)
+			// Listed, so its DLQ counter exists at 0 before the first rejection.
+			require.Contains(t, append(owned.SharedRejectReasons(), bills.RejectReasons()...), re.Reason)
 		})
 	}
 }
 
 func TestDecodeRecordEnvelopeOfAnotherKind(t *testing.T) {
 	t.Parallel()
-	w := &ownedtest.Widget{}
+	wd := &ownedtest.Widget{}
+	w := wd.Kind()
 	got, err := trigger.DecodeRecord(w, nil, []byte(`{"n":2,"request_id":"s-1","requested_by":"cron-ops","other":1}`), 0)
 	require.NoError(t, err)
-	require.Equal(t, trigger.Request{Params: ownedtest.Params{N: 2}, RequestID: "s-1", RequestedBy: "cron-ops"}, got)
+	require.Equal(t, trigger.Request{Params: wd.Params(2), RequestID: "s-1", RequestedBy: "cron-ops"}, got)
 	got, err = trigger.DecodeRecord(w, nil, []byte(`{"n":1,"request_id":null}`), 0)
 	require.NoError(t, err)
-	require.Equal(t, trigger.Request{Params: ownedtest.Params{N: 1}}, got, "null is absent")
+	require.Equal(t, trigger.Request{Params: wd.Params(1)}, got, "null is absent")
 	for value, reason := range map[string]string{
 		`sweep please`:           owned.ReasonMalformedJSON,
 		`{"n":0}`:                "bad_n",
@@ -127,8 +143,9 @@ func checkDecoded(t *testing.T, req trigger.Request, err error) {
 		}
 		return
 	}
-	if p, ok := req.Params.(billrun.Period); !ok || !p.Valid() {
-		t.Fatalf("accepted params %#v", req.Params)
+	_, id, _ := strings.Cut(bills.LockKey(req.Params), ":")
+	if p, err := billrun.ParsePeriod(id); err != nil || !p.Valid() {
+		t.Fatalf("accepted params locking %q", bills.LockKey(req.Params))
 	}
 	if len(req.RequestID) > 128 || len(req.RequestedBy) > 128 {
 		t.Fatalf("accepted oversized ids: %+v", req)
@@ -142,7 +159,7 @@ func FuzzDecodeRecord(f *testing.F) {
 	f.Fuzz(func(t *testing.T, key, value []byte) {
 		req, err := trigger.DecodeRecord(bills, key, value, 1024)
 		checkDecoded(t, req, err)
-		if err == nil && len(key) > 0 && string(key) != req.Params.(billrun.Period).String() {
+		if err == nil && len(key) > 0 && "billrun:"+string(key) != bills.LockKey(req.Params) {
 			t.Fatalf("accepted key %q for period %v", key, req.Params)
 		}
 	})

@@ -3,6 +3,7 @@ package trigger
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -219,28 +220,57 @@ func (d *Dispatcher) Shutdown(ctx context.Context) {
 	<-done
 }
 
-// CronJobs are the schedules of every kind whose Worker is an
-// owned.Scheduler with a spec. A tick's params are the kind's Tick at the
+// CronJobs are the schedules of every kind whose Worker has one
+// (owned.Worker.Schedule). A tick's params are the kind's Tick at the
 // tick's scheduled time (a catch-up's is the missed tick's). A tick's work
 // runs detached from the cron's own cancellation: shutdown gives it the
-// dispatcher's bound (COORDINATOR_SHUTDOWN_TIMEOUT) to finish.
+// dispatcher's bound (COORDINATOR_SHUTDOWN_TIMEOUT) to finish. A tick whose
+// result is not finished with (job.Result.Handled: not completed, not
+// failed for good, not recorded for the resumer) returns a
+// *TickNotDurableError, and the cron runs it again.
 func (d *Dispatcher) CronJobs() []CronJob {
 	var jobs []CronJob
-	for _, k := range d.Kinds().Kinds() {
-		s, ok := d.runner.Worker(k.Spec().Name).(owned.Scheduler)
-		if !ok || s.Schedule() == "" {
-			continue
-		}
-		spec := s.Schedule()
+	for _, s := range d.runner.Schedules() {
+		k, name, spec := s.Kind, s.Kind.Spec().Name, s.Spec
 		loc := ScheduleLocation(spec)
-		jobs = append(jobs, CronJob{Name: k.Spec().Name, Spec: spec, Run: func(ctx context.Context, t job.Trigger, at time.Time) {
+		key := func(at time.Time) (string, error) {
 			p, err := s.Tick(at.In(loc))
 			if err != nil {
-				d.log.Error("cron_tick_failed", "job", k.Spec().Name, "request_id", t.RequestID, "error", err)
-				return
+				return "", err
 			}
-			_, _ = d.Run(context.WithoutCancel(ctx), k, p, t)
+			return k.LockKey(p), nil
+		}
+		jobs = append(jobs, CronJob{Name: name, Spec: spec, Key: key, Run: func(ctx context.Context, t job.Trigger, at time.Time) error {
+			p, err := s.Tick(at.In(loc))
+			if err != nil { // the kind's own configuration: trying again changes nothing
+				d.log.Error("cron_tick_failed", "job", name, "request_id", t.RequestID, "error", err)
+				return nil
+			}
+			res, err := d.Run(context.WithoutCancel(ctx), k, p, t)
+			switch {
+			case err != nil:
+				return err
+			case !res.Handled():
+				return &TickNotDurableError{Result: res}
+			}
+			return nil
 		}})
 	}
 	return jobs
+}
+
+// TickNotDurableError is a cron tick whose run neither finished nor was
+// recorded for the resumer: lost or failed transiently with its request
+// unrecorded (Postgres down), the lock backend unavailable for a kind
+// without a resumer, and the like. The cron runs the tick again.
+type TickNotDurableError struct {
+	Result job.Result
+}
+
+func (e *TickNotDurableError) Error() string {
+	msg := fmt.Sprintf("%s ended %s and is not recorded for the resumer", e.Result.Key, e.Result.Outcome)
+	if e.Result.Error != "" {
+		msg += ": " + e.Result.Error
+	}
+	return msg
 }

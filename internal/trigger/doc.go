@@ -74,12 +74,18 @@
 //
 // # Cron
 //
-// Cron fires every kind's owned.Scheduler spec on every replica (the lock
+// Cron fires every kind's schedule (owned.Worker.Schedule) on every replica (the lock
 // decides who works). Each tick's params are the kind's Tick at the tick's
 // scheduled time. A tick waits a random jitter first (CronConfig.Jitter,
 // COORDINATOR_CRON_JITTER); a tick that finds the previous one of its job
 // still running is skipped; a tick that panics is recovered, logged with its
-// stack and counted, and the replica goes on. At Start, each schedule's
+// stack and counted, and the replica goes on. A tick whose run is not
+// finished with (job.Result.Handled: it neither completed, nor failed for
+// good, nor was recorded for the resumer, e.g. with Postgres down) is run
+// again with backoff, the same trigger, until it is, bounded by the
+// schedule's next tick (retryTickUntilDurable; cron_tick_retry,
+// cron_tick_dropped, or cron_tick_superseded when the next tick does the
+// same work). At Start, each schedule's
 // latest tick within CronConfig.CatchUpWindow (COORDINATOR_CRON_CATCHUP_WINDOW)
 // before the start is run once, as a tick the replica may have missed while
 // down: through the dispatcher like any tick, so the lock and the kind's

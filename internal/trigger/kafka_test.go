@@ -3,6 +3,7 @@ package trigger_test
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -64,13 +65,12 @@ func (f *fakeHandler) record(c call) job.Outcome {
 
 func (f *fakeHandler) Run(ctx context.Context, k owned.Kind, p owned.Params, t job.Trigger) (job.Result, error) {
 	c := call{job: k.Spec().Name, t: t}
-	switch v := p.(type) {
-	case billrun.Period:
-		c.period = v.String()
-	case billrun.Request:
-		c.period = v.Period.String()
-	case ownedtest.Params:
-		c.n = v.N
+	// The lock key names the run: billrun:PERIOD, widget:N.
+	_, id, _ := strings.Cut(k.LockKey(p), ":")
+	if c.job == billrun.JobName {
+		c.period = id
+	} else {
+		c.n, _ = strconv.Atoi(id)
 	}
 	if f.block != nil {
 		f.entered <- struct{}{}
@@ -243,6 +243,7 @@ func TestHandledTriggersAreCommittedBadOnesGoToDLQAndTheNextIsProcessed(t *testi
 	bad := b.produce(t, b.bills, "2026-11", `{"period":"2026-11"`, orig)
 	badPeriod := b.produce(t, b.bills, "2026-11", `{"period":"2026-13"}`)
 	open := b.produce(t, b.bills, "2026-12", `{"period":"2026-12","force":true}`)
+	twice := b.produce(t, b.bills, "2026-11", `{"period":"2026-11","period":"2026-10"}`)
 	next := b.produce(t, b.bills, "2026-11", `{"period":"2026-11"}`)
 	require.Equal(t, first.Partition, next.Partition, "one key, one partition")
 
@@ -254,10 +255,10 @@ func TestHandledTriggersAreCommittedBadOnesGoToDLQAndTheNextIsProcessed(t *testi
 	b.waitCommitted(t, next, next.Offset+1)
 
 	dlq := map[string]*kgo.Record{} // by reason: the open month's key may sit on another partition
-	for _, r := range b.readDLQ(t, 3) {
+	for _, r := range b.readDLQ(t, 4) {
 		dlq[header(r, "reason")] = r
 	}
-	require.Len(t, dlq, 3)
+	require.Len(t, dlq, 4)
 	mal := dlq["malformed_json"]
 	require.NotNil(t, mal)
 	require.Equal(t, []byte(`{"period":"2026-11"`), mal.Value, "original bytes")
@@ -272,16 +273,21 @@ func TestHandledTriggersAreCommittedBadOnesGoToDLQAndTheNextIsProcessed(t *testi
 	require.NotNil(t, dlq["period_not_closed"])
 	require.Equal(t, []byte("2026-12"), dlq["period_not_closed"].Key)
 	require.Equal(t, fmt.Sprint(open.Offset), header(dlq["period_not_closed"], "source-offset"))
+	// A member given twice is neither of them (it was read last-wins).
+	require.NotNil(t, dlq["duplicate_key"])
+	require.Equal(t, fmt.Sprint(twice.Offset), header(dlq["duplicate_key"], "source-offset"))
+	require.Contains(t, header(dlq["duplicate_key"], "reason-detail"), `"period"`)
 
 	rejected := b.rec.OfType(events.TriggerRejected)
-	require.Len(t, rejected, 3)
+	require.Len(t, rejected, 4)
 	keys := map[any]string{}
 	for _, e := range rejected {
 		keys[e.Extra["reason"]] = e.Key
 		require.Equal(t, "kafka", e.Trigger)
 		require.NotEmpty(t, e.Extra["detail"])
 	}
-	require.Equal(t, map[any]string{"malformed_json": "billrun:2026-11", "bad_period": "billrun:2026-11", "period_not_closed": "billrun:2026-12"}, keys)
+	require.Equal(t, map[any]string{"malformed_json": "billrun:2026-11", "bad_period": "billrun:2026-11", "period_not_closed": "billrun:2026-12",
+		"duplicate_key": "billrun:2026-11"}, keys)
 }
 
 // A trigger that decodes but whose run is refused on its input (an

@@ -7,7 +7,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/telco-platform/coordinator/internal/billrun"
-	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/owned"
 	"github.com/telco-platform/coordinator/internal/owned/ownedtest"
@@ -23,7 +22,7 @@ var widgetTopic = (&ownedtest.Widget{}).Topic()
 var testNow = time.Date(2026, time.December, 3, 7, 0, 0, 0, time.UTC)
 
 // testBills is the real bill-run kind at testNow.
-func testBills() *billrun.Kind {
+func testBills() owned.Kind {
 	return billrun.New(billrun.Config{Calendar: billrun.Calendar{Now: func() time.Time { return testNow }}})
 }
 
@@ -31,7 +30,7 @@ func testBills() *billrun.Kind {
 // (its decoding is the contract's) and the widget.
 func registry(t testing.TB, w *ownedtest.Widget) *owned.Registry {
 	t.Helper()
-	reg, err := owned.NewRegistry(testBills(), w)
+	reg, err := owned.NewRegistry(testBills(), w.Kind())
 	require.NoError(t, err)
 	return reg
 }
@@ -39,9 +38,9 @@ func registry(t testing.TB, w *ownedtest.Widget) *owned.Registry {
 // widgetRunner is the template with the widget alone.
 func widgetRunner(t testing.TB, w *ownedtest.Widget, l ownership.Locker, emit events.Emitter) *owned.Runner {
 	t.Helper()
-	reg, err := owned.NewRegistry(w)
+	reg, err := owned.NewRegistry(w.Kind())
 	require.NoError(t, err)
-	r, err := owned.NewRunner(reg, owned.Deps{Config: config.Config{ReplicaID: l.Owner()}, Locker: l}, emit)
+	r, err := owned.NewRunner(reg, owned.RunnerConfig{Deps: owned.Deps{Locker: l}, Emit: emit})
 	require.NoError(t, err)
 	return r
 }

@@ -3,6 +3,7 @@ package trigger_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -10,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/telco-platform/coordinator/internal/billrun"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
 )
@@ -26,8 +26,8 @@ type gatedHandler struct {
 	ch   chan string
 }
 
-func (h *gatedHandler) Run(ctx context.Context, _ owned.Kind, p owned.Params, t job.Trigger) (job.Result, error) {
-	period := p.(billrun.Period).String()
+func (h *gatedHandler) Run(ctx context.Context, k owned.Kind, p owned.Params, t job.Trigger) (job.Result, error) {
+	_, period, _ := strings.Cut(k.LockKey(p), ":")
 	if period == h.period {
 		select {
 		case <-h.gate:

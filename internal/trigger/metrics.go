@@ -19,6 +19,10 @@ type Metrics struct {
 	running  prometheus.Gauge
 	panics   *prometheus.CounterVec
 	catchUps *prometheus.CounterVec
+	// cronRetries and cronDrops: ticks run again because they were
+	// neither done nor durable, and ticks given up (retryTickUntilDurable).
+	cronRetries *prometheus.CounterVec
+	cronDrops   *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics on reg (nil: not registered).
@@ -43,11 +47,46 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Cron ticks that panicked (recovered and logged; the replica goes on), by job."}, []string{"job"}),
 		catchUps: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "coordinator_trigger_cron_catchups_total",
 			Help: "Missed cron ticks run at start (COORDINATOR_CRON_CATCHUP_WINDOW), by job."}, []string{"job"}),
+		cronRetries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "coordinator_trigger_cron_retries_total",
+			Help: "Cron ticks run again because their run neither finished nor was recorded for the resumer (e.g. Postgres down), by job."},
+			[]string{"job"}),
+		cronDrops: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "coordinator_trigger_cron_ticks_dropped_total",
+			Help: "Cron ticks this replica gave up before their run finished or was recorded for the resumer, by job and reason (next_tick: the next tick was due; shutdown)."},
+			[]string{"job", "reason"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.outcomes, m.rejected, m.retries, m.dlqFails, m.lag, m.running, m.panics, m.catchUps)
+		reg.MustRegister(m.outcomes, m.rejected, m.retries, m.dlqFails, m.lag, m.running, m.panics, m.catchUps,
+			m.cronRetries, m.cronDrops)
 	}
 	return m
+}
+
+// cronJob creates the series of a scheduled job at 0, so that an alert's
+// increase() sees its first tick that panics or is dropped: a counter that
+// first appears at 1 has no increase.
+func (m *Metrics) cronJob(jobName string) {
+	if m == nil {
+		return
+	}
+	m.panics.WithLabelValues(jobName)
+	m.catchUps.WithLabelValues(jobName)
+	m.cronRetries.WithLabelValues(jobName)
+	for _, reason := range []string{DropNextTick, DropShutdown} {
+		m.cronDrops.WithLabelValues(jobName, reason)
+	}
+}
+
+// topic creates a trigger topic's series at 0 (see cronJob): retries, DLQ
+// write failures, and a rejection for each reason its kind can give.
+func (m *Metrics) topic(topic string, reasons []string) {
+	if m == nil {
+		return
+	}
+	m.retries.WithLabelValues(topic)
+	m.dlqFails.WithLabelValues(topic)
+	for _, reason := range reasons {
+		m.rejected.WithLabelValues(topic, reason)
+	}
 }
 
 func (m *Metrics) outcome(src job.Source, jobName string, o job.Outcome) {
@@ -95,6 +134,18 @@ func (m *Metrics) runs(delta float64) {
 func (m *Metrics) cronPanic(jobName string) {
 	if m != nil {
 		m.panics.WithLabelValues(jobName).Inc()
+	}
+}
+
+func (m *Metrics) cronRetry(jobName string) {
+	if m != nil {
+		m.cronRetries.WithLabelValues(jobName).Inc()
+	}
+}
+
+func (m *Metrics) cronDropped(jobName, reason string) {
+	if m != nil {
+		m.cronDrops.WithLabelValues(jobName, reason).Inc()
 	}
 }
 

@@ -361,3 +361,12 @@ func (w *partWorker) commit() {
 		c.log.Warn("trigger_commit_failed", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "error", err)
 	}
 }
+
+// backoff is min·2^attempt capped at max.
+func backoff(minD, maxD time.Duration, attempt int) time.Duration {
+	d := minD
+	for i := 0; i < attempt && d < maxD; i++ {
+		d *= 2
+	}
+	return min(d, maxD)
+}

@@ -42,25 +42,26 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/telco-platform/coordinator/internal/billrun"
+	"github.com/telco-platform/coordinator/internal/config"
 	"github.com/telco-platform/coordinator/internal/kinds"
 	"github.com/telco-platform/coordinator/internal/topics"
 )
 
 type opts struct {
-	bins                 map[string]string // variant -> binary
-	variants             []string
-	adminURL, redisURL   string
-	brokers              []string
-	scenarios            []string
-	dups, oldDups        int
-	singleSubs           int
-	periods, replaySubs  int
-	replay, oldReplay    int
-	probes, replicas     int
-	probeEvery           time.Duration
-	rounds               int
-	workDir              string
-	keep                 bool
+	bins                map[string]string // variant -> binary
+	variants            []string
+	adminURL, redisURL  string
+	brokers             []string
+	scenarios           []string
+	dups, oldDups       int
+	singleSubs          int
+	periods, replaySubs int
+	replay, oldReplay   int
+	probes, replicas    int
+	probeEvery          time.Duration
+	rounds              int
+	workDir             string
+	keep                bool
 }
 
 func main() {
@@ -252,7 +253,7 @@ type deployment struct {
 }
 
 func (w *world) deploy(ctx context.Context, round, replicas int) *deployment {
-	reg, err := kinds.Registry()
+	reg, err := kinds.Registry(config.Config{}) // the topics only
 	must(err)
 	d := &deployment{w: w, prefix: fmt.Sprintf("%s_r%d.", w.db, round), group: fmt.Sprintf("%s_r%d", w.db, round),
 		exited: make(chan string, replicas)}

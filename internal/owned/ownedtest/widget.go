@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/telco-platform/coordinator/internal/base10"
 	"github.com/telco-platform/coordinator/internal/job"
 	"github.com/telco-platform/coordinator/internal/owned"
 )
@@ -20,9 +21,9 @@ type Params struct {
 	N int `json:"n"`
 }
 
-// Widget is a kind: trigger {"n": N} (N >= 1, else rejected with reason
-// bad_n), lock key NAME:N, Kafka topic test.NAME.requested (record key N),
-// HTTP path /v1/NAME, `--n` on the CLI.
+// Widget is a kind (Kind): trigger {"n": N} (N >= 1, else rejected with
+// reason bad_n), lock key NAME:N, Kafka topic test.NAME.requested (record
+// key N), HTTP path /v1/NAME, `--n` on the CLI.
 type Widget struct {
 	// Name is the kind's name. Default "widget".
 	Name string
@@ -32,80 +33,99 @@ type Widget struct {
 	Schedule string
 	// Work is the run's work; nil completes with counts {"n": N}.
 	Work func(ctx context.Context, r *owned.Run, n int) (owned.Report, error)
-	// Claim, when set, makes the Worker a Claimer.
+	// Claim, when set, gives the Worker a Claim.
 	Claim func(ctx context.Context, r *owned.Run, n int) (int64, error)
-	// AlreadyCompleted, when set with Claim, makes the Worker a
-	// CompletedChecker too.
+	// AlreadyCompleted, when set with Claim, gives the Worker an
+	// AlreadyCompleted: the look before the lock.
 	AlreadyCompleted func(ctx context.Context, r *owned.Run, n int) (*owned.CompletedError, error)
-	// Incomplete, when set (and Claim is not), makes the Worker a
-	// Resumable listing these runs.
-	Incomplete func(ctx context.Context) ([]owned.Incomplete, error)
+	// Incomplete, when set, makes the kind resumable, listing these runs.
+	Incomplete func(ctx context.Context) ([]owned.Incomplete[Params], error)
 
+	once     sync.Once
+	kind     owned.Kind
 	mu       sync.Mutex
 	runs     int
 	observed []job.Result
 }
-
-var (
-	_ owned.Kind        = (*Widget)(nil)
-	_ owned.RecordKeyed = (*Widget)(nil)
-)
 
 func (w *Widget) name() string { return cmp.Or(w.Name, "widget") }
 
 // Topic is the widget's trigger topic (before any prefix).
 func (w *Widget) Topic() string { return "test." + w.name() + ".requested" }
 
-func (w *Widget) Spec() owned.Spec {
-	return owned.Spec{Name: w.name(), Summary: "a test kind", Usage: "--n N", Topic: w.Topic(), HTTPPath: "/v1/" + w.name()}
+// Kind is the widget as a kind of owned run (the same value every call).
+// Set the fields before the first call.
+func (w *Widget) Kind() owned.Kind {
+	w.once.Do(func() {
+		w.kind = owned.Define(owned.Def[Params]{
+			Spec: owned.Spec{Name: w.name(), Summary: "a test kind", Usage: "--n N", Topic: w.Topic(), HTTPPath: "/v1/" + w.name()},
+			Decode: func(in owned.Input) (Params, error) {
+				var p Params
+				if err := in.Decode(&p); err != nil {
+					return p, err
+				}
+				if p.N < 1 {
+					return p, owned.Reject("bad_n", "n = %d: must be at least 1", p.N)
+				}
+				return p, nil
+			},
+			Encode: func(p Params) ([]byte, map[string]any) {
+				return []byte(fmt.Sprint(p.N)), map[string]any{"n": p.N}
+			},
+			Flags: func(fs *flag.FlagSet) func([]string) (map[string]any, error) {
+				n := base10.Int(fs, "n", 1, "which widget")
+				return func(args []string) (map[string]any, error) {
+					if len(args) > 0 {
+						return nil, job.BadInput("want --n N, got arguments %q", args)
+					}
+					return map[string]any{"n": *n}, nil
+				}
+			},
+			LockKey: func(p Params) string { return fmt.Sprintf("%s:%d", w.name(), p.N) },
+			// A widget record's key is its number.
+			RecordLockKey: func(key []byte) (string, bool) {
+				if len(key) == 0 {
+					return "", false
+				}
+				return w.name() + ":" + string(key), true
+			},
+			Open: func(owned.Deps) (owned.Worker[Params], error) { return w.worker(), nil },
+		})
+	})
+	return w.kind
 }
 
-func (w *Widget) Decode(in owned.Input) (owned.Params, error) {
-	var p Params
-	if err := in.Decode(&p); err != nil {
-		return nil, err
+func (w *Widget) worker() owned.Worker[Params] {
+	wk := owned.Worker[Params]{
+		Run: func(ctx context.Context, r *owned.Run, p Params) (owned.Report, error) {
+			w.mu.Lock()
+			w.runs++
+			w.mu.Unlock()
+			if w.Work == nil {
+				return owned.Report{Counts: map[string]int64{"n": int64(p.N)}}, nil
+			}
+			return w.Work(ctx, r, p.N)
+		},
+		Lease:    func(Params) owned.Lease { return w.Lease },
+		Schedule: w.Schedule,
+		Tick:     func(time.Time) (Params, error) { return Params{N: 1}, nil },
+		Observe: func(res job.Result) {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			w.observed = append(w.observed, res)
+		},
 	}
-	if p.N < 1 {
-		return nil, owned.Reject("bad_n", "n = %d: must be at least 1", p.N)
-	}
-	return p, nil
-}
-
-func (w *Widget) Encode(p owned.Params) ([]byte, map[string]any) {
-	n := p.(Params).N
-	return []byte(fmt.Sprint(n)), map[string]any{"n": n}
-}
-
-func (w *Widget) Flags(fs *flag.FlagSet) func([]string) (owned.Params, error) {
-	n := fs.Int("n", 1, "which widget")
-	return func(args []string) (owned.Params, error) {
-		if len(args) > 0 || *n < 1 {
-			return nil, job.BadInput("want --n N (N >= 1), got --n %d and %q", *n, args)
+	if w.Claim != nil {
+		wk.Claim = func(ctx context.Context, r *owned.Run, p Params) (int64, error) { return w.Claim(ctx, r, p.N) }
+		if w.AlreadyCompleted != nil {
+			wk.AlreadyCompleted = func(ctx context.Context, r *owned.Run, p Params) (*owned.CompletedError, error) {
+				return w.AlreadyCompleted(ctx, r, p.N)
+			}
 		}
-		return Params{N: *n}, nil
+	} else if w.Incomplete != nil {
+		wk.Incomplete = w.Incomplete
 	}
-}
-
-func (w *Widget) LockKey(p owned.Params) string { return fmt.Sprintf("%s:%d", w.name(), p.(Params).N) }
-
-// LockKeyOfRecord: a widget record's key is its number.
-func (w *Widget) LockKeyOfRecord(key []byte) (string, bool) {
-	if len(key) == 0 {
-		return "", false
-	}
-	return w.name() + ":" + string(key), true
-}
-
-func (w *Widget) Open(owned.Deps) (owned.Worker, error) {
-	switch {
-	case w.Claim != nil && w.AlreadyCompleted != nil:
-		return checkingWorker{claimingWorker{worker{w}}}, nil
-	case w.Claim != nil:
-		return claimingWorker{worker{w}}, nil
-	case w.Incomplete != nil:
-		return resumableWorker{worker{w}}, nil
-	}
-	return worker{w}, nil
+	return wk
 }
 
 // Runs is how many times the work ran.
@@ -122,49 +142,6 @@ func (w *Widget) Results() []job.Result {
 	return append([]job.Result(nil), w.observed...)
 }
 
-type worker struct{ w *Widget }
-
-var (
-	_ owned.Leaser    = worker{}
-	_ owned.Scheduler = worker{}
-	_ owned.Observer  = worker{}
-)
-
-func (k worker) Run(ctx context.Context, r *owned.Run, p owned.Params) (owned.Report, error) {
-	k.w.mu.Lock()
-	k.w.runs++
-	k.w.mu.Unlock()
-	n := p.(Params).N
-	if k.w.Work == nil {
-		return owned.Report{Counts: map[string]int64{"n": int64(n)}}, nil
-	}
-	return k.w.Work(ctx, r, n)
-}
-
-func (k worker) Lease(owned.Params) owned.Lease { return k.w.Lease }
-
-func (k worker) Schedule() string { return k.w.Schedule }
-
-func (k worker) Tick(time.Time) (owned.Params, error) { return Params{N: 1}, nil }
-
-func (k worker) Observe(res job.Result) {
-	k.w.mu.Lock()
-	defer k.w.mu.Unlock()
-	k.w.observed = append(k.w.observed, res)
-}
-
-type claimingWorker struct{ worker }
-
-func (k claimingWorker) Claim(ctx context.Context, r *owned.Run, p owned.Params) (int64, error) {
-	return k.w.Claim(ctx, r, p.(Params).N)
-}
-
-type checkingWorker struct{ claimingWorker }
-
-func (k checkingWorker) AlreadyCompleted(ctx context.Context, r *owned.Run, p owned.Params) (*owned.CompletedError, error) {
-	return k.w.AlreadyCompleted(ctx, r, p.(Params).N)
-}
-
 // Gated is Work that waits until gate closes (completed) or the run's
 // context ends (its error).
 func Gated(gate <-chan struct{}) func(ctx context.Context, r *owned.Run, n int) (owned.Report, error) {
@@ -178,8 +155,11 @@ func Gated(gate <-chan struct{}) func(ctx context.Context, r *owned.Run, n int) 
 	}
 }
 
-type resumableWorker struct{ worker }
-
-func (k resumableWorker) Incomplete(ctx context.Context) ([]owned.Incomplete, error) {
-	return k.w.Incomplete(ctx)
+// Params are the Params of a widget run n (what Decode makes of {"n": n}).
+func (w *Widget) Params(n int) owned.Params {
+	p, err := owned.NewParams(w.Kind(), Params{N: n})
+	if err != nil {
+		panic(err) // the widget's own kind takes its own Params
+	}
+	return p
 }

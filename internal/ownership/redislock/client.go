@@ -27,6 +27,13 @@ const (
 	DefaultMaxRetries   = 1
 )
 
+// Locker defaults (COORDINATOR_LOCK_KEY_PREFIX,
+// COORDINATOR_LOCK_REDIS_WAIT_TIMEOUT).
+const (
+	DefaultPrefix         = "coordinator"
+	DefaultReplicaTimeout = 200 * time.Millisecond
+)
+
 // Modes of NewClient.
 const (
 	ModeSingle   = "single"

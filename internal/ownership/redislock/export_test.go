@@ -65,3 +65,13 @@ func WakeLocal(l *Locker, key string) { l.wakeLocal(key) }
 // when no wake-up comes (ticketRefresh): a test that lengthens it shows that
 // a wake-up, not the poll, ended a wait.
 func SetPoll(l *Locker, d time.Duration) { l.poll = d }
+
+// LocalWaiters is how many callers of l wait for key in this process.
+func LocalWaiters(l *Locker, key string) int {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	if q := l.queues[key]; q != nil {
+		return len(q.list)
+	}
+	return 0
+}

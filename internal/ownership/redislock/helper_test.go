@@ -21,7 +21,7 @@ import (
 
 // The crash test re-executes this test binary as a lock holder.
 const (
-	envHelper = "REDISLOCK_TEST_HOLDER" // url|prefix|key|watchdog timeout[|wait]
+	envHelper = "REDISLOCK_TEST_HOLDER" // url|prefix|key|watchdog timeout[|wait[|layout]]
 )
 
 // helperMain runs the test binary as a helper process when asked to: it
@@ -42,13 +42,17 @@ func helperMain() bool {
 		os.Exit(2)
 	}
 	wait := 5 * time.Second
+	layout := redislock.LayoutCoordinator
+	if len(parts) > 5 {
+		layout = redislock.Layout(parts[5])
+	}
 	if len(parts) > 4 && parts[4] == "wait" {
 		wait = time.Minute
-		h := &askHook{lockKey: parts[1] + ":{" + parts[2] + "}:lock", asked: make(chan struct{}, 1)}
+		h := &askHook{lockKey: lockKeyIn(layout, parts[1], parts[2]), asked: make(chan struct{}, 1)}
 		client.AddHook(h)
 		go func() { <-h.asked; fmt.Println("queued") }()
 	}
-	l, err := redislock.New(client, redislock.Config{Prefix: parts[1], Owner: "crashing-helper", WatchdogTimeout: ttl, WaitTime: wait})
+	l, err := redislock.New(client, redislock.Config{Prefix: parts[1], Owner: "crashing-helper", WatchdogTimeout: ttl, WaitTime: wait, Layout: layout})
 	if err != nil {
 		fmt.Println("error", err)
 		os.Exit(2)

@@ -69,10 +69,10 @@ const (
 )
 
 func (c *Config) defaults() {
-	c.Prefix = cmp.Or(c.Prefix, "coordinator")
-	c.WaitTime = cmp.Or(c.WaitTime, 5*time.Second)
-	c.WatchdogTimeout = cmp.Or(c.WatchdogTimeout, 30*time.Second)
-	c.ReplicaTimeout = cmp.Or(c.ReplicaTimeout, 200*time.Millisecond)
+	c.Prefix = cmp.Or(c.Prefix, DefaultPrefix)
+	c.WaitTime = cmp.Or(c.WaitTime, ownership.DefaultWaitTime)
+	c.WatchdogTimeout = cmp.Or(c.WatchdogTimeout, ownership.DefaultWatchdogTimeout)
+	c.ReplicaTimeout = cmp.Or(c.ReplicaTimeout, DefaultReplicaTimeout)
 	c.Layout = cmp.Or(c.Layout, LayoutCoordinator)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -234,8 +234,14 @@ var errClosed = errors.New("redislock: locker closed")
 
 // Acquire implements ownership.Locker.
 func (l *Locker) Acquire(ctx context.Context, key string, lease time.Duration) (ownership.Lease, error) {
+	return l.AcquireWithin(ctx, key, lease, l.cfg.WaitTime)
+}
+
+// AcquireWithin implements ownership.WaitLocker: Acquire with a wait of
+// its own (0: one try).
+func (l *Locker) AcquireWithin(ctx context.Context, key string, lease, wait time.Duration) (ownership.Lease, error) {
 	start := time.Now()
-	le, err := l.acquire(ctx, key, lease, start)
+	le, err := l.acquire(ctx, key, lease, start, max(wait, 0))
 	if !errors.Is(err, ownership.ErrInvalidKey) {
 		outcome := ownership.AcquireOutcome(err)
 		if err == nil {
@@ -248,7 +254,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, lease time.Duration) (
 	return le, err
 }
 
-func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, start time.Time) (ownership.Lease, error) {
+func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, start time.Time, wait time.Duration) (ownership.Lease, error) {
 	if err := ownership.ValidateKey(key); err != nil {
 		return nil, err
 	}
@@ -275,7 +281,7 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 	if l.cfg.MinTrust > 0 && l.cfg.MinTrust >= ttl-ownership.SafetyMargin(ttl) {
 		return nil, fmt.Errorf("%w: a lease of %s for %q is never trusted for Config.MinTrust %s", ownership.ErrInvalidKey, ttl, key, l.cfg.MinTrust)
 	}
-	deadline := start.Add(l.cfg.WaitTime)
+	deadline := start.Add(wait)
 	token := l.newToken()
 	ttlMS := max(ttl.Milliseconds(), 1)
 
@@ -285,8 +291,10 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 	answered := false // Redis has said at least once that the lock is held
 	var late error    // the last acquisition came back too late to trust
 	watching := false
+	asked, lastTry := false, false
 	for {
-		if w.attempt(&l.wmu) {
+		if w.attempt(&l.wmu) || lastTry {
+			asked = true
 			if cerr := ctx.Err(); cerr != nil && answered {
 				// The caller gave up while the timer or a wake also fired
 				// (select picks either): nothing is sent, and the answer is
@@ -294,7 +302,9 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 				return nil, ownership.AlreadyOwned(key, cmp.Or(owner, q.lastOwner(&l.wmu)), cerr)
 			}
 			sent := time.Now()
-			res, err := l.runAcquire(ctx, deadline, key, token, ttlMS, q.isQueued(&l.wmu))
+			// A last try out of turn may find this Locker queued by the
+			// head: '+' lets an acquisition take the entry out.
+			res, err := l.runAcquire(ctx, deadline, key, token, ttlMS, q.isQueued(&l.wmu) || lastTry)
 			if err != nil {
 				// The script may have run (only its reply was lost, or ctx
 				// ended while it was in flight): delete what it wrote.
@@ -336,8 +346,15 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 					}
 				}
 				switch {
-				case res.pttl < 0: // no TTL (never set by us) or just vanished
+				case res.pttl == -2: // just vanished
 					w.fallback = time.Millisecond
+				case res.pttl < 0:
+					// No TTL: never set by us, and in the redisson layout a
+					// name holding a hash that is no lock (a Redisson RMap).
+					// It ends by a delete, not by itself: wait for a wake-up
+					// or the poll, not a millisecond (a waiter asked ~800
+					// times a second).
+					w.fallback = l.poll
 				case res.reserved != "":
 					// Reserved for another waiting Locker, which takes it within a
 					// round trip; ask again once the reservation would have
@@ -350,6 +367,13 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 		switch {
 		case remaining <= 0 && late != nil:
 			return nil, ownership.Unavailable(key, late)
+		case remaining <= 0 && !asked && cmp.Or(owner, q.lastOwner(&l.wmu)) == "":
+			// Waited behind another caller of this process whose ask is
+			// still unanswered: nobody here knows whether, or by whom, the
+			// lock is held. One try of its own, as a zero wait gets, so
+			// that already_owned names the owner.
+			lastTry = true
+			continue
 		case remaining <= 0:
 			return nil, ownership.AlreadyOwned(key, cmp.Or(owner, q.lastOwner(&l.wmu)), nil)
 		}
@@ -771,6 +795,6 @@ func (l *Locker) Ping(ctx context.Context) error {
 }
 
 var (
-	_ ownership.Locker    = (*Locker)(nil)
-	_ ownership.Inspector = (*Locker)(nil)
+	_ ownership.WaitLocker = (*Locker)(nil)
+	_ ownership.Inspector  = (*Locker)(nil)
 )

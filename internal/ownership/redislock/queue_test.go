@@ -47,13 +47,13 @@ func (h *askHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 
 // waitingLocker is a Locker with a client of its own (one process) whose
 // script calls on key are signalled.
-func waitingLocker(t *testing.T, url, prefix, owner, key string, wait time.Duration) (*redislock.Locker, *askHook) {
+func waitingLocker(t *testing.T, layout redislock.Layout, url, prefix, owner, key string, wait time.Duration) (*redislock.Locker, *askHook) {
 	t.Helper()
 	client, err := redislock.NewClient(url, redislock.ModeSingle)
 	require.NoError(t, err)
-	h := &askHook{lockKey: prefix + ":{" + key + "}:lock", asked: make(chan struct{}, 64)}
+	h := &askHook{lockKey: lockKeyIn(layout, prefix, key), asked: make(chan struct{}, 64)}
 	client.AddHook(h)
-	l, err := redislock.New(client, redislock.Config{Prefix: prefix, Owner: owner, WaitTime: wait, WatchdogTimeout: 30 * time.Second})
+	l, err := redislock.New(client, redislock.Config{Prefix: prefix, Owner: owner, WaitTime: wait, WatchdogTimeout: 30 * time.Second, Layout: layout})
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		_ = l.Close()
@@ -90,20 +90,25 @@ func waitAsked(t *testing.T, h *askHook, who string) {
 // in the order their wake-ups happen to arrive.
 func TestWaitersAcrossProcessesAreServedInOrder(t *testing.T) {
 	t.Parallel()
+	forLayouts(t, waitersAcrossProcessesAreServedInOrder)
+}
+
+func waitersAcrossProcessesAreServedInOrder(t *testing.T, layout redislock.Layout) {
 	const waiters = 6
 	env := testenv.Redis(t)
 	ctx := context.Background()
-	holder := newLocker(t, env.URL, redislock.ModeSingle, env.Prefix, ownershipOptions("holder", time.Second, 30*time.Second))
-	held, err := holder.Acquire(ctx, "fifo", 0)
+	key := keyIn(layout, env.Prefix, "fifo")
+	holder := newLayoutLocker(t, env.URL, redislock.ModeSingle, env.Prefix, layout, ownershipOptions("holder", time.Second, 30*time.Second))
+	held, err := holder.Acquire(ctx, key, 0)
 	require.NoError(t, err)
 
 	var mu sync.Mutex
 	var order []int
 	errs := make(chan error, waiters)
 	for i := range waiters {
-		l, h := waitingLocker(t, env.URL, env.Prefix, "w"+strconv.Itoa(i), "fifo", 30*time.Second)
+		l, h := waitingLocker(t, layout, env.URL, env.Prefix, "w"+strconv.Itoa(i), key, 30*time.Second)
 		go func() {
-			le, err := l.Acquire(ctx, "fifo", 0)
+			le, err := l.Acquire(ctx, key, 0)
 			if err == nil {
 				mu.Lock()
 				order = append(order, i)
@@ -137,17 +142,22 @@ func wakeMonitor(t *testing.T, env *testenv.RedisEnv) (msgs <-chan *redis.Messag
 // one.
 func TestReleaseWakesOneWaitingLocker(t *testing.T) {
 	t.Parallel()
+	forLayouts(t, releaseWakesOneWaitingLocker)
+}
+
+func releaseWakesOneWaitingLocker(t *testing.T, layout redislock.Layout) {
 	env := testenv.Redis(t)
 	ctx := context.Background()
 	msgs := wakeMonitor(t, env)
-	holder := newLocker(t, env.URL, redislock.ModeSingle, env.Prefix, ownershipOptions("holder", time.Second, 30*time.Second))
-	held, err := holder.Acquire(ctx, "one", 0)
+	key := keyIn(layout, env.Prefix, "one")
+	holder := newLayoutLocker(t, env.URL, redislock.ModeSingle, env.Prefix, layout, ownershipOptions("holder", time.Second, 30*time.Second))
+	held, err := holder.Acquire(ctx, key, 0)
 	require.NoError(t, err)
 
 	// w0 gives up quickly; w1..w3 wait.
-	quitter, qh := waitingLocker(t, env.URL, env.Prefix, "w0", "one", 300*time.Millisecond)
+	quitter, qh := waitingLocker(t, layout, env.URL, env.Prefix, "w0", key, 300*time.Millisecond)
 	gaveUp := make(chan error, 1)
-	go func() { _, err := quitter.Acquire(ctx, "one", 0); gaveUp <- err }()
+	go func() { _, err := quitter.Acquire(ctx, key, 0); gaveUp <- err }()
 	waitAsked(t, qh, "w0")
 	type result struct {
 		i  int
@@ -155,9 +165,9 @@ func TestReleaseWakesOneWaitingLocker(t *testing.T) {
 	}
 	got := make(chan result, 3)
 	for i := 1; i <= 3; i++ {
-		l, h := waitingLocker(t, env.URL, env.Prefix, "w"+strconv.Itoa(i), "one", 30*time.Second)
+		l, h := waitingLocker(t, layout, env.URL, env.Prefix, "w"+strconv.Itoa(i), key, 30*time.Second)
 		go func() {
-			le, err := l.Acquire(ctx, "one", 0)
+			le, err := l.Acquire(ctx, key, 0)
 			if err != nil {
 				t.Errorf("w%d: %v", i, err)
 				return
@@ -170,7 +180,7 @@ func TestReleaseWakesOneWaitingLocker(t *testing.T) {
 	// w0 left the queue (its leave runs in the background): wait until the
 	// queue holds w1..w3 only.
 	require.Eventually(t, func() bool {
-		n, err := env.Client.ZCard(ctx, env.Prefix+":{one}:queue").Result()
+		n, err := env.Client.ZCard(ctx, env.Prefix+":{"+key+"}:queue").Result()
 		return err == nil && n == 3
 	}, 5*time.Second, 10*time.Millisecond)
 
@@ -182,7 +192,7 @@ func TestReleaseWakesOneWaitingLocker(t *testing.T) {
 		select {
 		case m := <-msgs:
 			require.Contains(t, m.Channel, ":wake:w"+strconv.Itoa(want)+":", "woke the wrong Locker")
-			require.Equal(t, "one", m.Payload)
+			require.Equal(t, key, m.Payload)
 			n, err := env.Client.PubSubNumSub(ctx, m.Channel).Result()
 			require.NoError(t, err)
 			require.EqualValues(t, 1, n[m.Channel], "a wake channel has exactly one subscriber")
@@ -205,16 +215,21 @@ func TestReleaseWakesOneWaitingLocker(t *testing.T) {
 // the holder's TTL.
 func TestDeadWaiterDoesNotStarveTheQueue(t *testing.T) {
 	t.Parallel()
+	forLayouts(t, deadWaiterDoesNotStarveTheQueue)
+}
+
+func deadWaiterDoesNotStarveTheQueue(t *testing.T, layout redislock.Layout) {
 	env := testenv.Redis(t)
 	ctx := context.Background()
-	holder := newLocker(t, env.URL, redislock.ModeSingle, env.Prefix, ownershipOptions("holder", time.Second, 30*time.Second))
-	held, err := holder.Acquire(ctx, "dead", 0)
+	key := keyIn(layout, env.Prefix, "dead")
+	holder := newLayoutLocker(t, env.URL, redislock.ModeSingle, env.Prefix, layout, ownershipOptions("holder", time.Second, 30*time.Second))
+	held, err := holder.Acquire(ctx, key, 0)
 	require.NoError(t, err)
 
 	exe, err := os.Executable()
 	require.NoError(t, err)
 	cmd := exec.Command(exe, "-test.run=^$")
-	cmd.Env = append(os.Environ(), envHelper+"="+strings.Join([]string{env.URL, env.Prefix, "dead", "30s", "wait"}, "|"))
+	cmd.Env = append(os.Environ(), envHelper+"="+strings.Join([]string{env.URL, env.Prefix, key, "30s", "wait", string(layout)}, "|"))
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	cmd.Stderr = os.Stderr
@@ -225,8 +240,8 @@ func TestDeadWaiterDoesNotStarveTheQueue(t *testing.T) {
 	require.True(t, lines.Scan(), "helper said nothing")
 	require.Equal(t, "queued", lines.Text())
 
-	live, h := waitingLocker(t, env.URL, env.Prefix, "live", "dead", 20*time.Second)
-	got := acquireAndRelease(ctx, live, "dead")
+	live, h := waitingLocker(t, layout, env.URL, env.Prefix, "live", key, 20*time.Second)
+	got := acquireAndRelease(ctx, live, key)
 	waitAsked(t, h, "the live waiter")
 	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
 	_ = cmd.Wait()
@@ -250,9 +265,14 @@ func TestDeadWaiterDoesNotStarveTheQueue(t *testing.T) {
 // before each ask, all sixteen pass with probability 2^-16.
 func TestWaitEndingAsAWakeArrivesIsAlreadyOwned(t *testing.T) {
 	t.Parallel()
-	env, a, h := hookedLocker(t)
-	b := newLocker(t, env.URL, redislock.ModeSingle, env.Prefix, ownershipOptions("b", 10*time.Second, 30*time.Second))
-	held, err := b.Acquire(context.Background(), "both", 0)
+	forLayouts(t, waitEndingAsAWakeArrivesIsAlreadyOwned)
+}
+
+func waitEndingAsAWakeArrivesIsAlreadyOwned(t *testing.T, layout redislock.Layout) {
+	env, a, h := hookedLayoutLocker(t, layout)
+	key := keyIn(layout, env.Prefix, "both")
+	b := newLayoutLocker(t, env.URL, redislock.ModeSingle, env.Prefix, layout, ownershipOptions("b", 10*time.Second, 30*time.Second))
+	held, err := b.Acquire(context.Background(), key, 0)
 	require.NoError(t, err)
 	for i := range 16 {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -261,10 +281,10 @@ func TestWaitEndingAsAWakeArrivesIsAlreadyOwned(t *testing.T) {
 		h.mu.Lock()
 		h.after["acquire"] = func() {
 			cancel()
-			redislock.WakeLocal(a, "both")
+			redislock.WakeLocal(a, key)
 		}
 		h.mu.Unlock()
-		_, err = a.Acquire(ctx, "both", 0)
+		_, err = a.Acquire(ctx, key, 0)
 		cancel()
 		require.ErrorIs(t, err, ownership.ErrAlreadyOwned, "round %d", i)
 		require.ErrorIs(t, err, context.Canceled, "round %d", i)

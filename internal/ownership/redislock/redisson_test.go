@@ -210,6 +210,14 @@ func TestRedissonInterop(t *testing.T) {
 					t.Parallel()
 					killedRedissonHolder(t, w, version)
 				})
+				t.Run("NoOverlapUnderContention", func(t *testing.T) {
+					t.Parallel()
+					noOverlapUnderContention(t, w)
+				})
+				t.Run("UnlockBeforeTheWaiterSubscribes", func(t *testing.T) {
+					t.Parallel()
+					unlockBeforeTheWaiterSubscribes(t, w)
+				})
 			})
 		}
 	}

@@ -67,13 +67,19 @@ func waitOrGiveUp(ch <-chan struct{}) {
 // an orderHook, so a test can order them.
 func hookedLocker(t *testing.T) (*testenv.RedisEnv, *redislock.Locker, *orderHook) {
 	t.Helper()
+	return hookedLayoutLocker(t, redislock.LayoutCoordinator)
+}
+
+// hookedLayoutLocker is hookedLocker in the given layout.
+func hookedLayoutLocker(t *testing.T, layout redislock.Layout) (*testenv.RedisEnv, *redislock.Locker, *orderHook) {
+	t.Helper()
 	env := testenv.Redis(t)
 	client, err := redislock.NewClient(env.URL, redislock.ModeSingle)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = client.Close() })
 	h := &orderHook{before: map[string]func(){}, after: map[string]func(){}}
 	client.AddHook(h)
-	l, err := redislock.New(client, redislock.Config{Prefix: env.Prefix, Owner: "a", WatchdogTimeout: 30 * time.Second})
+	l, err := redislock.New(client, redislock.Config{Prefix: env.Prefix, Owner: "a", WatchdogTimeout: 30 * time.Second, Layout: layout})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close() })
 	return env, l, h

@@ -68,24 +68,26 @@ type resendWorld struct {
 	env     *testenv.RedisEnv
 	hook    *resendHook
 	a, b    *redislock.Locker // a's scripts are resent; b contends
+	key     string
 	lockKey string
 }
 
-func resendSetup(t *testing.T, key string) *resendWorld {
+func resendSetup(t *testing.T, layout redislock.Layout, name string) *resendWorld {
 	t.Helper()
 	env := testenv.Redis(t)
 	client, err := redislock.NewClient(env.URL, redislock.ModeSingle)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = client.Close() })
-	w := &resendWorld{env: env, hook: &resendHook{}, lockKey: env.Prefix + ":{" + key + "}:lock"}
+	key := keyIn(layout, env.Prefix, name)
+	w := &resendWorld{env: env, hook: &resendHook{}, key: key, lockKey: lockKeyIn(layout, env.Prefix, key)}
 	// Each script is one EVALSHA (no NOSCRIPT round), so the resent
 	// command is the one that runs.
 	require.NoError(t, redislock.LoadScripts(context.Background(), env.Client))
 	client.AddHook(w.hook)
-	w.a, err = redislock.New(client, redislock.Config{Prefix: env.Prefix, Owner: "a", WatchdogTimeout: 30 * time.Second})
+	w.a, err = redislock.New(client, redislock.Config{Prefix: env.Prefix, Owner: "a", WatchdogTimeout: 30 * time.Second, Layout: layout})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = w.a.Close() })
-	w.b = newLocker(t, env.URL, redislock.ModeSingle, env.Prefix, ownershipOptions("b", 10*time.Second, 30*time.Second))
+	w.b = newLayoutLocker(t, env.URL, redislock.ModeSingle, env.Prefix, layout, ownershipOptions("b", 10*time.Second, 30*time.Second))
 	return w
 }
 
@@ -114,6 +116,10 @@ func (w *resendWorld) count(t *testing.T, name string) string {
 // script must leave b's lock exactly as b has it, and tell a the truth.
 func TestResentScriptsAfterATakeover(t *testing.T) {
 	t.Parallel()
+	forLayouts(t, resentScriptsAfterATakeover)
+}
+
+func resentScriptsAfterATakeover(t *testing.T, layout redislock.Layout) {
 	ctx := context.Background()
 
 	// The release ran, and b took the lock before the resend came: the
@@ -121,12 +127,12 @@ func TestResentScriptsAfterATakeover(t *testing.T) {
 	// "released" (a's release did succeed).
 	t.Run("Release", func(t *testing.T) {
 		t.Parallel()
-		w := resendSetup(t, "release")
-		le, err := w.a.Acquire(ctx, "release", 0)
+		w := resendSetup(t, layout, "release")
+		le, err := w.a.Acquire(ctx, w.key, 0)
 		require.NoError(t, err)
 		var taken ownership.Lease
 		w.hook.arm("release", func() {
-			taken, err = w.b.Acquire(ctx, "release", 0)
+			taken, err = w.b.Acquire(ctx, w.key, 0)
 			require.NoError(t, err, "b takes the released lock")
 		})
 		require.NoError(t, le.Release(ctx), "a resent release that succeeded the first time must not report not held")
@@ -143,15 +149,15 @@ func TestResentScriptsAfterATakeover(t *testing.T) {
 	// must not write a's count into b's lock; a learns it lost the lock.
 	t.Run("HoldsAfterTheLockWasDeleted", func(t *testing.T) {
 		t.Parallel()
-		w := resendSetup(t, "holds")
-		outer, err := w.a.Acquire(ctx, "holds", 0)
+		w := resendSetup(t, layout, "holds")
+		outer, err := w.a.Acquire(ctx, w.key, 0)
 		require.NoError(t, err)
-		inner, err := w.a.Acquire(outer.Context(), "holds", 0)
+		inner, err := w.a.Acquire(outer.Context(), w.key, 0)
 		require.NoError(t, err)
 		var taken ownership.Lease
 		w.hook.arm("holds", func() {
 			require.NoError(t, w.env.Client.Del(ctx, w.lockKey).Err())
-			taken, err = w.b.Acquire(ctx, "holds", 0)
+			taken, err = w.b.Acquire(ctx, w.key, 0)
 			require.NoError(t, err)
 		})
 		require.ErrorIs(t, inner.Release(ctx), ownership.ErrNotHeld, "the lock is b's now")
@@ -167,11 +173,11 @@ func TestResentScriptsAfterATakeover(t *testing.T) {
 	// it: one holder, one hold, and the queue is empty.
 	t.Run("AcquireAfterTheHandOff", func(t *testing.T) {
 		t.Parallel()
-		w := resendSetup(t, "acquire")
-		held, err := w.b.Acquire(ctx, "acquire", 0)
+		w := resendSetup(t, layout, "acquire")
+		held, err := w.b.Acquire(ctx, w.key, 0)
 		require.NoError(t, err)
 		w.hook.arm("acquire", func() { require.NoError(t, held.Release(ctx)) })
-		le, err := w.a.Acquire(ctx, "acquire", 0)
+		le, err := w.a.Acquire(ctx, w.key, 0)
 		require.NoError(t, err)
 		first, _ := w.hook.first.([]any)
 		require.NotEmpty(t, first)
@@ -179,7 +185,7 @@ func TestResentScriptsAfterATakeover(t *testing.T) {
 		require.Equal(t, "a", w.field(t, "replica"))
 		require.Equal(t, "1", w.count(t, "holds"))
 		require.Equal(t, itoa(le.Fence()), w.field(t, "fence"))
-		n, err := w.env.Client.ZCard(ctx, w.env.Prefix+":{acquire}:queue").Result()
+		n, err := w.env.Client.ZCard(ctx, w.env.Prefix+":{"+w.key+"}:queue").Result()
 		require.NoError(t, err)
 		require.Zero(t, n, "a left the queue when it took the lock")
 		// b waits this long, then is told a holds it. Not a whole second:
@@ -188,7 +194,7 @@ func TestResentScriptsAfterATakeover(t *testing.T) {
 		// with 2 s).
 		bctx, cancel := context.WithTimeout(ctx, 2500*time.Millisecond)
 		defer cancel()
-		_, err = w.b.Acquire(bctx, "acquire", 0)
+		_, err = w.b.Acquire(bctx, w.key, 0)
 		require.ErrorIs(t, err, ownership.ErrAlreadyOwned, "a holds it")
 		require.NoError(t, le.Release(ctx))
 	})
@@ -199,6 +205,10 @@ func TestResentScriptsAfterATakeover(t *testing.T) {
 // neither send extends or otherwise touches the new holder's lock.
 func TestLateRenewalCannotExtendTheNextHolder(t *testing.T) {
 	t.Parallel()
+	forLayouts(t, lateRenewalCannotExtendTheNextHolder)
+}
+
+func lateRenewalCannotExtendTheNextHolder(t *testing.T, layout redislock.Layout) {
 	const ttl = 1500 * time.Millisecond
 	env := testenv.Redis(t)
 	ctx := context.Background()
@@ -207,12 +217,13 @@ func TestLateRenewalCannotExtendTheNextHolder(t *testing.T) {
 	t.Cleanup(func() { _ = client.Close() })
 	held := &holdRenewals{captured: make(chan []any, 1)}
 	client.AddHook(held)
-	a, err := redislock.New(client, redislock.Config{Prefix: env.Prefix, Owner: "a", WatchdogTimeout: ttl})
+	a, err := redislock.New(client, redislock.Config{Prefix: env.Prefix, Owner: "a", WatchdogTimeout: ttl, Layout: layout})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = a.Close() })
-	b := newLocker(t, env.URL, redislock.ModeSingle, env.Prefix, ownershipOptions("b", 10*time.Second, ttl))
+	b := newLayoutLocker(t, env.URL, redislock.ModeSingle, env.Prefix, layout, ownershipOptions("b", 10*time.Second, ttl))
+	key := keyIn(layout, env.Prefix, "late")
 
-	le, err := a.Acquire(ctx, "late", 0)
+	le, err := a.Acquire(ctx, key, 0)
 	require.NoError(t, err)
 	var args []any
 	select {
@@ -225,9 +236,9 @@ func TestLateRenewalCannotExtendTheNextHolder(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("a's lease outlived its trust deadline without a renewal")
 	}
-	next, err := b.Acquire(ctx, "late", time.Minute)
+	next, err := b.Acquire(ctx, key, time.Minute)
 	require.NoError(t, err)
-	lockKey := env.Prefix + ":{late}:lock"
+	lockKey := lockKeyIn(layout, env.Prefix, key)
 	require.NoError(t, redislock.LoadScripts(ctx, env.Client)) // the captured send may be an EVALSHA
 	before, err := env.Client.PTTL(ctx, lockKey).Result()
 	require.NoError(t, err)

@@ -109,6 +109,7 @@ func (h *stallHook) wait() {
 }
 
 type retryWorld struct {
+	layout  redislock.Layout
 	srv     *testenv.RedisServer
 	hook    *stallHook
 	a, b    *redislock.Locker // a's client stalls; b contends
@@ -117,15 +118,15 @@ type retryWorld struct {
 	key     string
 }
 
-func retrySetup(t *testing.T, watchdog time.Duration) *retryWorld {
-	return retrySetupWait(t, watchdog, 10*time.Second)
+func retrySetup(t *testing.T, layout redislock.Layout, watchdog time.Duration) *retryWorld {
+	return retrySetupWait(t, layout, watchdog, 10*time.Second)
 }
 
-func retrySetupWait(t *testing.T, watchdog, wait time.Duration) *retryWorld {
+func retrySetupWait(t *testing.T, layout redislock.Layout, watchdog, wait time.Duration) *retryWorld {
 	t.Helper()
 	srv := testenv.StartRedisServerWith(t, testenv.RedisServerOptions{Args: []string{"--enable-debug-command", "yes"}})
-	w := &retryWorld{srv: srv, hook: newStallHook(t, srv), admin: srv.Client(t), key: "retried"}
-	w.lockKey = "rt:{" + w.key + "}:lock"
+	w := &retryWorld{layout: layout, srv: srv, hook: newStallHook(t, srv), admin: srv.Client(t), key: "retried"}
+	w.lockKey = lockKeyIn(layout, "rt", w.key)
 	client, err := redislock.NewClient(srv.URL(), redislock.ModeSingle)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = client.Close() })
@@ -138,10 +139,10 @@ func retrySetupWait(t *testing.T, watchdog, wait time.Duration) *retryWorld {
 	}
 	wg.Wait()
 	client.AddHook(w.hook)
-	w.a, err = redislock.New(client, redislock.Config{Prefix: "rt", Owner: "a", WaitTime: wait, WatchdogTimeout: watchdog})
+	w.a, err = redislock.New(client, redislock.Config{Prefix: "rt", Owner: "a", WaitTime: wait, WatchdogTimeout: watchdog, Layout: layout})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = w.a.Close() })
-	w.b = newLocker(t, srv.URL(), redislock.ModeSingle, "rt", ownershipOptions("b", 300*time.Millisecond, watchdog))
+	w.b = newLayoutLocker(t, srv.URL(), redislock.ModeSingle, "rt", layout, ownershipOptions("b", 300*time.Millisecond, watchdog))
 	return w
 }
 
@@ -195,7 +196,13 @@ func (w *retryWorld) holds(t *testing.T) string {
 // it could not delete is deleted by token once Redis answers again.
 func TestReleaseDoesNotWaitOutAStalledRenewal(t *testing.T) {
 	t.Parallel()
-	w := retrySetup(t, 9*time.Second)
+	forLayouts(t, func(t *testing.T, layout redislock.Layout) {
+		releaseDoesNotWaitOutAStalledRenewal(t, layout)
+	})
+}
+
+func releaseDoesNotWaitOutAStalledRenewal(t *testing.T, layout redislock.Layout) {
+	w := retrySetup(t, layout, 9*time.Second)
 	ctx := context.Background()
 	w.hook.arm("renew")
 	le, err := w.a.Acquire(ctx, w.key, 0)
@@ -241,6 +248,10 @@ func (h *holdReplyHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redi
 // the TTL the renewal set.
 func TestLateRenewalIsCleanedUp(t *testing.T) {
 	t.Parallel()
+	forLayouts(t, lateRenewalIsCleanedUp)
+}
+
+func lateRenewalIsCleanedUp(t *testing.T, layout redislock.Layout) {
 	// TTL 9s: the renewal runs at 3s and sets the lock to live until 12s;
 	// the holder, never told, stops trusting at 8.55s.
 	const ttl = 9 * time.Second
@@ -251,7 +262,7 @@ func TestLateRenewalIsCleanedUp(t *testing.T) {
 	t.Cleanup(func() { _ = client.Close() })
 	h := &holdReplyHook{ran: make(chan struct{}), release: make(chan struct{})}
 	client.AddHook(h)
-	l, err := redislock.New(client, redislock.Config{Prefix: "late", Owner: "a", WatchdogTimeout: ttl})
+	l, err := redislock.New(client, redislock.Config{Prefix: "late", Owner: "a", WatchdogTimeout: ttl, Layout: layout})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close() })
 	t.Cleanup(func() { h.once.Do(func() {}); closeOnce(h.release) })
@@ -271,7 +282,7 @@ func TestLateRenewalIsCleanedUp(t *testing.T) {
 	closeOnce(h.release) // the late "renewed" reply arrives now
 	// The renewal set the lock to live until ~12s; it must go well before.
 	require.Eventually(t, func() bool {
-		_, err := admin.HGet(ctx, "late:{k}:lock", "owner").Result()
+		_, err := admin.HGet(ctx, lockKeyIn(layout, "late", "k"), "owner").Result()
 		return err == redis.Nil
 	}, 2*time.Second, 10*time.Millisecond, "a lock extended for nobody was left for its TTL")
 	t.Logf("deleted %s after the trust deadline", time.Since(lost))
@@ -287,11 +298,15 @@ func closeOnce(ch chan struct{}) {
 
 func TestRetriedScripts(t *testing.T) {
 	t.Parallel()
+	forLayouts(t, retriedScripts)
+}
+
+func retriedScripts(t *testing.T, layout redislock.Layout) {
 	ctx := context.Background()
 
 	t.Run("Acquire", func(t *testing.T) {
 		t.Parallel()
-		w := retrySetup(t, 10*time.Second)
+		w := retrySetup(t, layout, 10*time.Second)
 		w.hook.arm("acquire")
 		le, err := w.a.Acquire(ctx, w.key, 0)
 		w.hook.wait()
@@ -308,7 +323,7 @@ func TestRetriedScripts(t *testing.T) {
 	// stall ends is deleted by its token rather than left for a whole TTL.
 	t.Run("AcquireReplyLost", func(t *testing.T) {
 		t.Parallel()
-		w := retrySetupWait(t, 10*time.Second, time.Second)
+		w := retrySetupWait(t, layout, 10*time.Second, time.Second)
 		w.hook.arm("acquire")
 		_, err := w.a.Acquire(ctx, w.key, 0)
 		<-w.hook.done
@@ -321,7 +336,7 @@ func TestRetriedScripts(t *testing.T) {
 	// is cleaned up.
 	t.Run("AcquireCancelled", func(t *testing.T) {
 		t.Parallel()
-		w := retrySetup(t, 10*time.Second)
+		w := retrySetup(t, layout, 10*time.Second)
 		w.hook.arm("acquire")
 		cctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
@@ -335,7 +350,7 @@ func TestRetriedScripts(t *testing.T) {
 
 	t.Run("Reenter", func(t *testing.T) {
 		t.Parallel()
-		w := retrySetup(t, 10*time.Second)
+		w := retrySetup(t, layout, 10*time.Second)
 		outer, err := w.a.Acquire(ctx, w.key, 0)
 		require.NoError(t, err)
 		w.hook.arm("holds")
@@ -351,7 +366,7 @@ func TestRetriedScripts(t *testing.T) {
 
 	t.Run("ReleaseOfReentered", func(t *testing.T) {
 		t.Parallel()
-		w := retrySetup(t, 10*time.Second)
+		w := retrySetup(t, layout, 10*time.Second)
 		outer, err := w.a.Acquire(ctx, w.key, 0)
 		require.NoError(t, err)
 		inner, err := w.a.Acquire(outer.Context(), w.key, 0)
@@ -367,7 +382,7 @@ func TestRetriedScripts(t *testing.T) {
 
 	t.Run("Release", func(t *testing.T) {
 		t.Parallel()
-		w := retrySetup(t, 10*time.Second)
+		w := retrySetup(t, layout, 10*time.Second)
 		le, err := w.a.Acquire(ctx, w.key, 0)
 		require.NoError(t, err)
 		w.hook.arm("release")
@@ -382,7 +397,7 @@ func TestRetriedScripts(t *testing.T) {
 		// TTL 9s: the first renewal goes out at 3s and, stalled, comes back
 		// at about 6s, well inside the trust deadline (8.5s).
 		const ttl = 9 * time.Second
-		w := retrySetup(t, ttl)
+		w := retrySetup(t, layout, ttl)
 		w.hook.arm("renew")
 		le, err := w.a.Acquire(ctx, w.key, 0)
 		require.NoError(t, err)
@@ -399,4 +414,36 @@ func TestRetriedScripts(t *testing.T) {
 
 func ownershipOptions(owner string, wait, watchdog time.Duration) ownershiptest.Options {
 	return ownershiptest.Options{Owner: owner, WaitTime: wait, WatchdogTimeout: watchdog}
+}
+
+// layouts: the tests of the lock's guarantees run in both (the redisson
+// layout keeps every promise the coordinator's makes to its own holders).
+var layouts = []redislock.Layout{redislock.LayoutCoordinator, redislock.LayoutRedisson}
+
+// forLayouts runs test once per layout, in parallel subtests named after it.
+func forLayouts(t *testing.T, test func(t *testing.T, layout redislock.Layout)) {
+	for _, layout := range layouts {
+		t.Run(string(layout), func(t *testing.T) {
+			t.Parallel()
+			test(t, layout)
+		})
+	}
+}
+
+// lockKeyIn is the Redis key of key's lock in layout.
+func lockKeyIn(layout redislock.Layout, prefix, key string) string {
+	if layout == redislock.LayoutRedisson {
+		return key
+	}
+	return prefix + ":{" + key + "}:lock"
+}
+
+// keyIn is a lock key named name for a test on the shared Redis: in the
+// redisson layout the lock is the bare name, so it carries the test's
+// prefix (deleted when the test ends, and no other test's).
+func keyIn(layout redislock.Layout, prefix, name string) string {
+	if layout == redislock.LayoutRedisson {
+		return prefix + ":" + name
+	}
+	return name
 }

@@ -1,4 +1,4 @@
-package replenish_test
+package replica_test
 
 import (
 	"bytes"
@@ -46,7 +46,7 @@ type deployment struct {
 func newDeployment(t *testing.T) *deployment {
 	t.Helper()
 	pg, rd, k := testenv.Postgres(t), testenv.Redis(t), testenv.Kafka(t)
-	reg, err := kinds.Registry()
+	reg, err := kinds.Config{}.Registry()
 	require.NoError(t, err)
 	d := &deployment{pg: pg, rd: rd, brokers: k.Brokers, names: topics.New(k.Suffix, reg.Topics()...),
 		rec: &events.Recorder{}, token: testenv.AdminToken()}
@@ -64,9 +64,10 @@ func newDeployment(t *testing.T) *deployment {
 		"COORDINATOR_REAPER_SCHEDULE":    "",
 		"COORDINATOR_SHUTDOWN_TIMEOUT":   "10s",
 	}
-	cfg, _, err := config.Load("test", nil, func(k string) string { return d.env[k] })
+	cfg, _, err := config.Load("test", nil, func(k string) string { return d.env[k] },
+		config.WithLookup(func(k string) (string, bool) { v, ok := d.env[k]; return v, ok })) // the reaper off
 	require.NoError(t, err)
-	r := replica.New(replica.Config{Config: cfg, OpenLocker: openLocker, Kinds: reg, Emit: d.rec,
+	r := replica.New(replica.Config{Config: cfg, OpenLocker: openLocker, Emit: d.rec,
 		Log: slog.New(slog.DiscardHandler)})
 	require.NoError(t, r.Start(context.Background()))
 	t.Cleanup(func() {
@@ -87,11 +88,11 @@ func newDeployment(t *testing.T) *deployment {
 
 // openLocker is the replica's Locker on the test Redis.
 func openLocker(_ context.Context, cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (ownership.Locker, error) {
-	c, err := redislock.NewClient(cfg.LockRedisURL, cfg.LockRedisMode)
+	c, err := redislock.NewClient(cfg.Lock.RedisURL, cfg.Lock.RedisMode)
 	if err != nil {
 		return nil, err
 	}
-	l, err := redislock.New(c, redislock.Config{Prefix: cfg.LockKeyPrefix, Owner: cfg.ReplicaID, WaitTime: cfg.LockWaitTime,
+	l, err := redislock.New(c, redislock.Config{Prefix: cfg.Lock.KeyPrefix, Owner: cfg.ReplicaID, WaitTime: cfg.Lock.WaitTime,
 		Logger: log, Metrics: ownership.NewMetrics(reg)})
 	if err != nil {
 		_ = c.Close()
@@ -207,13 +208,13 @@ func TestReplenishOverHTTP(t *testing.T) {
 
 	code, body = d.post(t, `{"first":"447700200000"}`)
 	require.Equal(t, http.StatusBadRequest, code)
-	require.Contains(t, body["detail"], `"count"`)
+	require.Contains(t, body["detail"], "first needs count")
 	code, body = d.post(t, `{"msisdns":["447700200001"],"force":true}`)
 	require.Equal(t, http.StatusBadRequest, code)
 	require.Contains(t, body["detail"], "unknown field")
 
-	other, err := openLocker(context.Background(), config.Config{LockRedisURL: d.rd.URL, LockRedisMode: "single",
-		LockKeyPrefix: d.rd.Prefix, ReplicaID: "replica-b", LockWaitTime: time.Second}, slog.New(slog.DiscardHandler), nil)
+	other, err := openLocker(context.Background(), config.Config{ReplicaID: "replica-b", Lock: config.Lock{RedisURL: d.rd.URL, RedisMode: "single",
+		KeyPrefix: d.rd.Prefix, WaitTime: time.Second}}, slog.New(slog.DiscardHandler), nil)
 	require.NoError(t, err)
 	defer other.Close()
 	held, err := other.Acquire(context.Background(), replenish.Key, 0)
@@ -251,7 +252,7 @@ func TestReplenishFromTheCLI(t *testing.T) {
 
 	_, errs, code = d.cli(t, bin, "run", "replenish", "--first", "447700300000")
 	require.Equal(t, job.ExitUsage, code)
-	require.Contains(t, errs, "--first needs --count")
+	require.Contains(t, errs, "rejected (bad_count): first needs count")
 
 	// trigger produces the record the replica consumes.
 	out, errs, code = d.cli(t, bin, "trigger", "replenish", "--first", "447700300100", "--count", "5", "--request-id", "cli-trigger")
