@@ -11,8 +11,9 @@
 // run.go (a run, and its end), progress.go (the progress total),
 // complete.go (what COMPLETED proves: reconcile, repair, complete),
 // completion.go (run.completed at least once), adjust.go (late usage,
-// unbilled subscribers and adjustment runs), status.go, metrics.go, seed.go (test and demo data),
-// sql.go; testhooks.go, sabotage.go and sabotage_chaos.go by build tag
+// unbilled subscribers and adjustment runs), late.go (the late check kept
+// per period, answered before the lock), status.go, metrics.go, seed.go
+// (test and demo data), sql.go; testhooks.go, sabotage.go and sabotage_chaos.go by build tag
 // (TestDocListsEveryFile keeps this list whole).
 //
 // # Billing periods
