@@ -141,8 +141,32 @@ func Run(ctx context.Context, c Config) int {
 		case <-acquiring:
 		}
 	})
-	asked := time.Now()
-	lease, err := acquireWithin(acqCtx, locker, a.Key, a.Lease, c.Wait, log)
+	end := time.Now().Add(c.Wait)
+	term := controllingTerminal(c.Stdin, c.Stdout, stderr)
+	var (
+		lease ownership.Lease
+		r     *lockRun
+	)
+	for {
+		asked := time.Now()
+		lease, err = acquireWithin(acqCtx, locker, a.Key, a.Lease, max(time.Until(end), 0), log)
+		if err != nil {
+			break
+		}
+		r = newLockRun(log, locker, lease, asked, a, ttl, watchdog, grace, sigs, term)
+		if acqCtx.Err() != nil || !r.lostBeforeStart() {
+			break // a signal that came meanwhile is handled below
+		}
+		// Answered in time, but no longer to be trusted by the time the
+		// command would start (a stall in between): give it back and wait
+		// on within the budget; the command has not run.
+		log.Warn("lock_lost_before_start", "lock_key", a.Key, "fence", lease.Fence(), "detail", "given back; waiting on within --wait")
+		_ = r.release(ctx) // logged inside; TTL expiry is the backstop
+		if time.Until(end) <= 0 {
+			err = fmt.Errorf("%w: every acquisition of %q within --wait %s was lost before the command could start", ownership.ErrUnavailable, a.Key, c.Wait)
+			break
+		}
+	}
 	close(acquiring)
 	watch.Wait()
 	switch {
@@ -158,10 +182,20 @@ func Run(ctx context.Context, c Config) int {
 		return job.ExitUnavailable
 	}
 	log.Info("lock_acquired", "lock_key", a.Key, "owner", lease.Owner(), "fence", lease.Fence(), "grace_ms", grace.Milliseconds())
+	if early != nil {
+		_ = r.release(ctx) // logged inside; TTL expiry is the backstop
+		return 128 + int(early.(syscall.Signal))
+	}
+	return r.run(ctx, c, path)
+}
 
+// newLockRun is the supervision of one acquisition: its probe, its trust
+// deadline and the deadline the command's tree must be dead by.
+func newLockRun(log *slog.Logger, locker ownership.Locker, lease ownership.Lease, asked time.Time, a Args,
+	ttl time.Duration, watchdog bool, grace time.Duration, sigs chan os.Signal, term *terminal) *lockRun {
 	r := &lockRun{
 		log: log, key: a.Key, lease: lease, ttl: ttl, watchdog: watchdog, grace: grace,
-		sigs: sigs, term: controllingTerminal(c.Stdin, c.Stdout, stderr),
+		sigs: sigs, term: term,
 	}
 	if p, ok := locker.(interface {
 		LockTTL(ctx context.Context, key string, fence int64) (time.Duration, bool, error)
@@ -183,11 +217,7 @@ func Run(ctx context.Context, c Config) int {
 		// expire under a live process; every other lease can.
 		r.deadline = ownership.TrustDeadline(acquired, ttl)
 	}
-	if early != nil {
-		_ = r.release(ctx) // logged inside; TTL expiry is the backstop
-		return 128 + int(early.(syscall.Signal))
-	}
-	return r.run(ctx, c, path)
+	return r
 }
 
 // acquireWithin asks for the lock until it is taken, another holder keeps it

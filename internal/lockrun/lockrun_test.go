@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -208,4 +209,78 @@ func TestAcquireWithinEndsARetriedWaitWithTheBudget(t *testing.T) {
 		_ = le.Release(ctx)
 	}
 	require.ErrorIs(t, err, ownership.ErrAlreadyOwned, "taken %s after a %s budget", took, wait)
+}
+
+// lostLeases hands out leases already lost, their lock gone, for its first
+// lose acquisitions (as a stall between the acquire's answer and the
+// command's start leaves them), then good ones.
+type lostLeases struct {
+	ownership.Locker
+	mu       sync.Mutex
+	lose     int
+	acquired int
+}
+
+func (l *lostLeases) Acquire(ctx context.Context, key string, ttl time.Duration) (ownership.Lease, error) {
+	le, err := l.Locker.Acquire(ctx, key, ttl)
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.acquired++
+	if l.acquired <= l.lose { // its lock expired meanwhile
+		if err := le.Release(ctx); err != nil {
+			return nil, err
+		}
+		return lostLease{le}, nil
+	}
+	return le, nil
+}
+
+func (*lostLeases) Close() error { return nil }
+
+type lostLease struct{ ownership.Lease }
+
+func (lostLease) Err() error { return ownership.ErrLeaseLost }
+
+// An acquisition lost before the command could start is given back and the
+// lock asked for again within --wait; the command runs once, and its exit
+// status is lock's. With the budget spent the command does not run: 69.
+// Before, lock exited 76 (lost) for a command that never ran, with budget
+// left.
+func TestAnAcquisitionLostBeforeTheStartIsAskedForAgain(t *testing.T) {
+	t.Parallel()
+	run := func(t *testing.T, wait time.Duration, lose int) (int, *lostLeases, string, string) {
+		mem := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "me"})
+		t.Cleanup(func() { _ = mem.Close() })
+		locker := &lostLeases{Locker: mem, lose: lose}
+		a, err := ParseArgs([]string{"--key", "lost-first", "--", "sh", "-c", "echo ran; exit 7"})
+		require.NoError(t, err)
+		var out, errs, logs bytes.Buffer
+		code := Run(context.Background(), Config{
+			Args: a, WatchdogTimeout: 30 * time.Second, Wait: wait,
+			Open:   func(context.Context, time.Duration) (ownership.Locker, error) { return locker, nil },
+			Stdout: &out, Stderr: &errs, Log: slog.New(slog.NewJSONHandler(&logs, nil)),
+			Environ: []string{"PATH=" + os.Getenv("PATH")},
+		})
+		le, err := mem.Acquire(context.Background(), "lost-first", 0)
+		require.NoError(t, err, "every acquisition was released")
+		require.NoError(t, le.Release(context.Background()))
+		return code, locker, out.String() + errs.String(), logs.String()
+	}
+	t.Run("budget left", func(t *testing.T) {
+		code, locker, out, logs := run(t, 5*time.Second, 1)
+		require.Equal(t, 7, code, out)
+		require.Equal(t, "ran\n", out)
+		require.Equal(t, 2, locker.acquired)
+		require.Contains(t, logs, "lock_lost_before_start")
+	})
+	t.Run("no budget", func(t *testing.T) {
+		code, locker, out, _ := run(t, 0, 1)
+		require.Equal(t, 69, code, out)
+		require.NotContains(t, out, "ran")
+		require.Equal(t, 1, locker.acquired)
+		require.Contains(t, out, "lost before the command could start")
+	})
 }

@@ -89,16 +89,18 @@ type probeResult struct {
 	err  error
 }
 
+// lostBeforeStart reports whether the lease can no longer be trusted long
+// enough to start the command: lost already, or past the time terminating
+// would have to begin.
+func (r *lockRun) lostBeforeStart() bool {
+	return r.lease.Err() != nil || (!r.until().IsZero() && !time.Now().Before(r.termAt()))
+}
+
 func (r *lockRun) run(ctx context.Context, c Config, path string) int {
 	argv := c.Args.Argv
 	stderr := c.Stderr
 	if stderr == nil {
 		stderr = io.Discard
-	}
-	if err := r.lease.Err(); err != nil || (!r.until().IsZero() && !time.Now().Before(r.termAt())) {
-		r.log.Error("lock_lost_before_start", "lock_key", r.key, "fence", r.lease.Fence())
-		_ = r.release(ctx) // logged inside; TTL expiry is the backstop
-		return job.ExitLost
 	}
 	stdio, err := commandFiles(c.Stdin, c.Stdout, c.Stderr)
 	if err != nil {

@@ -273,17 +273,6 @@ func (s *Resumer) Scan(ctx context.Context) {
 	s.attempts.Wait()
 }
 
-// republishAll re-publishes the unacknowledged completions of every
-// kind with Completions.
-func (s *Resumer) republishAll(ctx context.Context) {
-	for _, k := range s.recorders {
-		if ctx.Err() != nil {
-			return
-		}
-		s.republish(ctx, k)
-	}
-}
-
 // resumeAll looks once for incomplete runs of every resumable kind and
 // starts the due ones, each in a goroutine of its own (at most
 // Concurrency in flight, one per lock key; the others wait for a later
@@ -423,60 +412,6 @@ func (s *Resumer) give(key string) {
 	delete(s.attempting, key)
 }
 
-// republish publishes again the run.completed of k's completions that no
-// sink acknowledged within RepublishAfter (their owner was killed with the
-// event in its buffer, or the buffer dropped it), with the id the owner
-// gave it (stored with the completion), data.replica the owner and data.fence the
-// claim's; data.republished_by names this replica. The completion is marked
-// only once the sink acknowledged this event; one dropped again stays for a
-// later scan. Replicas may re-publish one completion each: the copies share
-// the id (at least once).
-func (s *Resumer) republish(ctx context.Context, k Kind) {
-	name := k.Spec().Name
-	w := s.cfg.Runner.workers[name]
-	s.repMu.Lock()
-	defer s.repMu.Unlock()
-	now := time.Now()
-	for id, at := range s.republished {
-		if now.Sub(at) >= s.cfg.RepublishAfter {
-			delete(s.republished, id)
-		}
-	}
-	lctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	list, err := w.unpublished(lctx, s.cfg.RepublishAfter, republishLimit)
-	cancel()
-	if err != nil {
-		s.log.Warn("republish_list_failed", "job", name, "error", err)
-		return
-	}
-	replica := s.cfg.Runner.Replica()
-	for _, c := range list {
-		key := k.LockKey(c.Params)
-		id := c.EventID
-		if _, ok := s.republished[id]; ok {
-			continue // still waiting in this replica's sink, or just marked
-		}
-		s.republished[id] = now
-		extra := make(map[string]any, len(c.Counts)+3)
-		for k, v := range c.Counts {
-			extra[k] = v
-		}
-		if c.LockFence != 0 {
-			extra["lock_fence"] = c.LockFence
-		}
-		extra["republished"] = true
-		extra["republished_by"] = replica
-		e := events.Event{ID: id, Time: c.Finished, Type: events.RunCompleted, Key: key, Job: name, Replica: c.Owner,
-			Trigger: string(c.Trigger.Source), RequestID: c.Trigger.RequestID, RequestedBy: c.Trigger.RequestedBy,
-			Principal: c.Trigger.Principal, Fence: c.Fence, Extra: extra}
-		log := s.log.With("job", name, "lock_key", key, "fence", c.Fence)
-		log.Warn("run_completed_republished", "event_id", id, "owner", c.Owner, "finished_at", c.Finished,
-			"detail", "no acknowledgement of its run.completed was recorded: published again with the same id")
-		s.m.republished.WithLabelValues(name).Inc()
-		events.EmitAcked(context.WithoutCancel(ctx), s.cfg.Runner.emit, e, s.cfg.Runner.markPublished(w, c.Params, c.Fence, log))
-	}
-}
-
 // attempt runs one due request and books how it ended.
 func (s *Resumer) attempt(ctx context.Context, k Kind, q request) {
 	log := s.log.With("job", q.job, "lock_key", q.key, "attempt", q.attempts+1)
@@ -543,72 +478,4 @@ func (s *Resumer) attempt(ctx context.Context, k Kind, q request) {
 	default:
 		log.Warn("resume_not_completed", "outcome", string(res.Outcome), "error", res.Error, "retry_in", delay)
 	}
-}
-
-// resumerMetrics are the resumer's series.
-type resumerMetrics struct {
-	oldest     *prometheus.GaugeVec
-	incomplete *prometheus.GaugeVec
-	attempts   *prometheus.CounterVec
-	gaveUp     *prometheus.CounterVec
-	// republished counts the run.completed events this replica published
-	// again (Worker.Completions).
-	republished *prometheus.CounterVec
-}
-
-func newResumerMetrics(reg prometheus.Registerer) (*resumerMetrics, error) {
-	m := &resumerMetrics{
-		oldest: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "coordinator_incomplete_run_oldest_age_seconds",
-			Help: "Age of the oldest accepted run of each kind that has not completed (run_requests, as of the resumer's last scan); 0 when none.",
-		}, []string{"job"}),
-		incomplete: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "coordinator_incomplete_runs",
-			Help: "Accepted runs of each kind not completed, as of the resumer's last scan: pending (the resumer retries them) or permanent (failed for good or attempts spent: a person must act).",
-		}, []string{"job", "state"}),
-		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "coordinator_resume_attempts_total",
-			Help: "Resume attempts of this replica by kind and outcome.",
-		}, []string{"job", "outcome"}),
-		gaveUp: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "coordinator_resume_gave_up_total",
-			Help: "Requests this replica's resumer made permanent (attempts spent, a permanent failure, or a request that no longer decodes).",
-		}, []string{"job"}),
-		republished: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "coordinator_events_republished_total",
-			Help: "run.completed events this replica's resumer published again because no acknowledgement of them was recorded within COORDINATOR_EVENTS_REPUBLISH_AFTER (same event id).",
-		}, []string{"job"}),
-	}
-	if reg != nil {
-		for _, c := range []prometheus.Collector{m.oldest, m.incomplete, m.attempts, m.gaveUp, m.republished} {
-			if err := reg.Register(c); err != nil {
-				return nil, fmt.Errorf("owned: register resumer metrics: %w", err)
-			}
-		}
-	}
-	return m, nil
-}
-
-// reset shows a kind's series before its first scan.
-func (m *resumerMetrics) reset(name string) {
-	m.oldest.WithLabelValues(name).Set(0)
-	m.incomplete.WithLabelValues(name, "pending").Set(0)
-	m.incomplete.WithLabelValues(name, "permanent").Set(0)
-	m.gaveUp.WithLabelValues(name)
-}
-
-func (m *resumerMetrics) observe(name string, reqs []request) {
-	var oldest float64
-	var pending, permanent int
-	for _, q := range reqs {
-		oldest = max(oldest, q.ageSeconds)
-		if q.permanent {
-			permanent++
-		} else {
-			pending++
-		}
-	}
-	m.oldest.WithLabelValues(name).Set(oldest)
-	m.incomplete.WithLabelValues(name, "pending").Set(float64(pending))
-	m.incomplete.WithLabelValues(name, "permanent").Set(float64(permanent))
 }
