@@ -17,6 +17,12 @@ import (
 // that is not handled is retried in its lane with backoff, and the records
 // of its key wait behind it.
 //
+// A key with nothing pending goes first: its lane is started before the
+// lanes that go round again with more of their backlog (a replay's
+// duplicates), so a new period's trigger waits for a free handler, not for
+// a turn behind every key of the replay. The backlog's keys still go round
+// in turn among themselves.
+//
 // Offsets are committed in the background, one commit in flight at a time,
 // up to the last record before which every record is handled: never past a
 // record that is not (a redelivery after a crash repeats handled records,
@@ -53,7 +59,8 @@ type partWorker struct {
 	noCommit bool
 
 	lanes    map[string]*lane
-	ready    []*lane  // lanes with a record to handle and no handler
+	fresh    []*lane  // lanes of keys that had nothing pending, first record ready: started first
+	ready    []*lane  // lanes with a record to handle and no handler, going round
 	running  int      // handlers running
 	order    []*entry // the records given to lanes, in offset order, until handled through
 	buffered int      // records in lanes
@@ -182,10 +189,11 @@ func (w *partWorker) run() {
 			return
 		}
 		w.fillLanesLocked()
-		for w.running < w.c.cfg.PartitionConcurrency && len(w.ready) > 0 {
-			l := w.ready[0]
-			w.ready[0] = nil
-			w.ready = w.ready[1:]
+		for w.running < w.c.cfg.PartitionConcurrency {
+			l := w.nextLaneLocked()
+			if l == nil {
+				break
+			}
 			w.running++
 			go w.handle(l, l.recs[0])
 		}
@@ -197,6 +205,22 @@ func (w *partWorker) run() {
 	}
 }
 
+// nextLaneLocked takes the next lane to start: a fresh key's first, then
+// the lanes going round; nil when none is ready.
+func (w *partWorker) nextLaneLocked() *lane {
+	q := &w.fresh
+	if len(*q) == 0 {
+		q = &w.ready
+	}
+	if len(*q) == 0 {
+		return nil
+	}
+	l := (*q)[0]
+	(*q)[0] = nil
+	*q = (*q)[1:]
+	return l
+}
+
 // fillLanesLocked moves queued records into their lanes, within the bounds,
 // and resumes the partition's fetching once the queue is empty.
 func (w *partWorker) fillLanesLocked() {
@@ -206,8 +230,8 @@ func (w *partWorker) fillLanesLocked() {
 			break
 		}
 		key := string(rec.Key)
-		l := w.lanes[key]
-		if l == nil {
+		l, pending := w.lanes[key]
+		if !pending {
 			l = &lane{key: key}
 			w.lanes[key] = l
 		}
@@ -216,9 +240,9 @@ func (w *partWorker) fillLanesLocked() {
 		w.order = append(w.order, e)
 		w.buffered++
 		w.bytes += len(rec.Key) + len(rec.Value)
-		if !l.busy && len(l.recs) == 1 {
+		if !pending { // a key with nothing pending: its first record goes first
 			l.busy = true
-			w.ready = append(w.ready, l)
+			w.fresh = append(w.fresh, l)
 		}
 		n++
 	}
@@ -259,6 +283,14 @@ func (w *partWorker) handle(l *lane, e *entry) {
 		})
 		return
 	}
+	w.handledLocked(l, e)
+	w.advanceLocked()
+}
+
+// handledLocked takes e, handled, off the head of l: the lane goes round
+// again (behind the fresh keys and the lanes already waiting) with its next
+// record, or goes away with none.
+func (w *partWorker) handledLocked(l *lane, e *entry) {
 	e.handled = true
 	l.recs[0] = nil
 	l.recs = l.recs[1:]
@@ -271,7 +303,6 @@ func (w *partWorker) handle(l *lane, e *entry) {
 		l.busy = false
 		delete(w.lanes, l.key)
 	}
-	w.advanceLocked()
 }
 
 // advanceLocked moves the handled-through offset past every handled record
@@ -300,7 +331,7 @@ func (w *partWorker) advanceLocked() {
 func (w *partWorker) drain() {
 	for {
 		w.mu.Lock()
-		w.ready = nil
+		w.ready, w.fresh = nil, nil
 		running := w.running
 		w.mu.Unlock()
 		if running == 0 {
