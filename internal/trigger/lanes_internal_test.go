@@ -11,7 +11,9 @@ import (
 // more of their backlog: a new period's trigger behind a replay's duplicates
 // waits for a free handler, not for a turn behind every key of the replay.
 // Before, lanes were started in the order they became ready, so b-1 came
-// after a-2 here (the test failed with "a" where it wants "b").
+// after a-2 here (the test failed with "a" where it wants "b"); with fresh
+// keys first but a replayed key counted as fresh, z-1 came after x-1 and
+// y-1.
 func TestAFreshKeyGoesBeforeTheBacklogGoingRound(t *testing.T) {
 	t.Parallel()
 	w := &partWorker{lanes: map[string]*lane{}}
@@ -50,4 +52,18 @@ func TestAFreshKeyGoesBeforeTheBacklogGoingRound(t *testing.T) {
 	require.Equal(t, []string{"b", "a", "c", "a"}, order, "the fresh key first, then the backlog in turn")
 	require.Empty(t, w.lanes)
 	require.Zero(t, w.buffered)
+
+	// Keys whose backlog arrived before their first record started (a
+	// replay) wait behind a key with one record that came after them.
+	add("x", "x", "y", "y", "z")
+	order = nil
+	for {
+		l := w.nextLaneLocked()
+		if l == nil {
+			break
+		}
+		order = append(order, l.key)
+		w.handledLocked(l, l.recs[0])
+	}
+	require.Equal(t, []string{"z", "x", "y", "x", "y"}, order)
 }

@@ -17,11 +17,10 @@ import (
 // that is not handled is retried in its lane with backoff, and the records
 // of its key wait behind it.
 //
-// A key with nothing pending goes first: its lane is started before the
-// lanes that go round again with more of their backlog (a replay's
-// duplicates), so a new period's trigger waits for a free handler, not for
-// a turn behind every key of the replay. The backlog's keys still go round
-// in turn among themselves.
+// A key with one record pending goes first: its lane is started before the
+// lanes of keys with a backlog (a replay's duplicates), which go round in
+// turn among themselves, so a new period's trigger waits for a free
+// handler, not for a turn behind every key of the replay.
 //
 // Offsets are committed in the background, one commit in flight at a time,
 // up to the last record before which every record is handled: never past a
@@ -205,19 +204,26 @@ func (w *partWorker) run() {
 	}
 }
 
-// nextLaneLocked takes the next lane to start: a fresh key's first, then
-// the lanes going round; nil when none is ready.
+// nextLaneLocked takes the next lane to start: a fresh key with one record
+// first, then the lanes going round; nil when none is ready. A fresh key
+// whose backlog arrived behind its first record (a replayed period) joins
+// the lanes going round instead.
 func (w *partWorker) nextLaneLocked() *lane {
-	q := &w.fresh
-	if len(*q) == 0 {
-		q = &w.ready
+	for len(w.fresh) > 0 {
+		l := w.fresh[0]
+		w.fresh[0] = nil
+		w.fresh = w.fresh[1:]
+		if len(l.recs) == 1 {
+			return l
+		}
+		w.ready = append(w.ready, l)
 	}
-	if len(*q) == 0 {
+	if len(w.ready) == 0 {
 		return nil
 	}
-	l := (*q)[0]
-	(*q)[0] = nil
-	*q = (*q)[1:]
+	l := w.ready[0]
+	w.ready[0] = nil
+	w.ready = w.ready[1:]
 	return l
 }
 
