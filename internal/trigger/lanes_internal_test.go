@@ -67,3 +67,30 @@ func TestAFreshKeyGoesBeforeTheBacklogGoingRound(t *testing.T) {
 	}
 	require.Equal(t, []string{"z", "x", "y", "x", "y"}, order)
 }
+
+// A handler goes on with its lane's next record only while no other lane
+// waits: the lanes still take turns.
+func TestAHandlerKeepsItsLaneOnlyWhileNoOtherWaits(t *testing.T) {
+	t.Parallel()
+	w := &partWorker{lanes: map[string]*lane{}}
+	for i, k := range []string{"a", "a", "a"} {
+		w.queue = append(w.queue, &kgo.Record{Key: []byte(k), Offset: int64(i)})
+	}
+	w.fillLanesLocked()
+	l := w.nextLaneLocked()
+	w.handledLocked(l, l.recs[0])
+	require.True(t, w.keepLocked(l), "alone: the handler goes on")
+	require.Empty(t, w.ready)
+
+	w.queue = append(w.queue, &kgo.Record{Key: []byte("b"), Offset: 3})
+	w.handledLocked(l, l.recs[0])
+	require.False(t, w.keepLocked(l), "records not yet in lanes: the loop must see them")
+	w.fillLanesLocked()
+	require.False(t, w.keepLocked(l), "another lane waits")
+	require.Equal(t, "b", w.nextLaneLocked().key)
+	require.Equal(t, l, w.nextLaneLocked())
+
+	w.revoked = true
+	w.ready = append(w.ready, l)
+	require.False(t, w.keepLocked(l), "the partition is going")
+}

@@ -260,37 +260,72 @@ func (w *partWorker) fillLanesLocked() {
 	}
 }
 
-// handle tries e, the head of l, once: handled, it goes and the lane's next
+// handle tries e, the head of l: handled, it goes and the lane's next
 // record is ready; not handled, it is tried again after a backoff (the
-// records of its key wait, the other lanes go on).
+// records of its key wait, the other lanes go on). While the lane has more
+// and no other lane waits, the handler goes on with its next record itself
+// rather than hand it back to the worker's loop (two goroutine wake-ups
+// per record, which on a busy machine cost more than answering a
+// duplicate).
 func (w *partWorker) handle(l *lane, e *entry) {
 	c := w.c
-	ok := c.handleCtx.Err() == nil && c.process(e.rec)
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	defer w.poke()
-	w.running--
-	if !ok {
-		if w.revoked || c.handleCtx.Err() != nil {
-			return // redelivered to the partition's next owner
-		}
-		c.m.retry(e.rec.Topic)
-		d := backoff(c.cfg.RetryBackoffMin, c.cfg.RetryBackoffMax, l.attempts)
-		l.attempts++
-		c.log.Warn("trigger_not_handled_retrying", "topic", e.rec.Topic, "partition", e.rec.Partition,
-			"offset", e.rec.Offset, "attempt", l.attempts, "backoff", d)
-		time.AfterFunc(d, func() {
-			w.mu.Lock()
-			if !w.revoked {
-				w.ready = append(w.ready, l)
-			}
+	for {
+		ok := c.handleCtx.Err() == nil && c.process(e.rec)
+		w.mu.Lock()
+		if !ok {
+			w.notHandledLocked(l, e)
+			w.running--
 			w.mu.Unlock()
 			w.poke()
-		})
+			return
+		}
+		w.handledLocked(l, e)
+		w.advanceLocked()
+		if w.keepLocked(l) && c.handleCtx.Err() == nil {
+			e = l.recs[0]
+			w.mu.Unlock()
+			continue
+		}
+		w.running--
+		w.mu.Unlock()
+		w.poke()
 		return
 	}
-	w.handledLocked(l, e)
-	w.advanceLocked()
+}
+
+// keepLocked reports whether the handler of l may go on with l's next
+// record: l is the only lane waiting (it is taken off the queue) and the
+// worker is not ending.
+func (w *partWorker) keepLocked(l *lane) bool {
+	if w.revoked || len(w.fresh) > 0 || len(w.queue) > 0 || len(w.ready) != 1 || w.ready[0] != l {
+		return false
+	}
+	w.ready[0] = nil
+	w.ready = w.ready[:0]
+	return true
+}
+
+// notHandledLocked schedules e, not handled, to be tried again in its lane
+// after a backoff; nothing when the partition is gone or the consumer
+// stops (the partition's next owner gets it).
+func (w *partWorker) notHandledLocked(l *lane, e *entry) {
+	c := w.c
+	if w.revoked || c.handleCtx.Err() != nil {
+		return
+	}
+	c.m.retry(e.rec.Topic)
+	d := backoff(c.cfg.RetryBackoffMin, c.cfg.RetryBackoffMax, l.attempts)
+	l.attempts++
+	c.log.Warn("trigger_not_handled_retrying", "topic", e.rec.Topic, "partition", e.rec.Partition,
+		"offset", e.rec.Offset, "attempt", l.attempts, "backoff", d)
+	time.AfterFunc(d, func() {
+		w.mu.Lock()
+		if !w.revoked {
+			w.ready = append(w.ready, l)
+		}
+		w.mu.Unlock()
+		w.poke()
+	})
 }
 
 // handledLocked takes e, handled, off the head of l: the lane goes round
