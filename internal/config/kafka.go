@@ -83,9 +83,9 @@ func kafkaSettings() []setting {
 			func(c *Config) *bool { return &c.Kafka.CreateTopics }).in(sectionContract, "create the contract's topics at start when missing; `false` = `GET /v1/health` and `coordinator_dependency_up{dependency=\"kafka\"}` name the missing topic (readiness does not depend on it: [runbook](runbook.md#health-readiness-and-dependencies))"),
 		text("COORDINATOR_KAFKA_GROUP", "kafka-group", "name", "consumer group of the trigger consumer", "coordinator",
 			func(c *Config) *string { return &c.Kafka.Group }, checkName).in(sectionFurther, "consumer group of the trigger consumer"),
-		dur("COORDINATOR_KAFKA_SESSION_TIMEOUT", "kafka-session-timeout", "session timeout of the trigger consumer group (a dead replica's partitions move after it)",
+		dur("COORDINATOR_KAFKA_SESSION_TIMEOUT", "kafka-session-timeout", "session timeout of the trigger consumer group and of the console's events indexer (a dead replica's partitions move after it)",
 			"45s", time.Second, 30*time.Minute, func(c *Config) *time.Duration { return &c.Kafka.SessionTimeout }).
-			in(sectionFurther, "session timeout of the trigger consumer group: a dead replica's partitions move after it (1s..30m; the heartbeat is a sixth of it, at most 3s). `serve` exits 64 when `COORDINATOR_LOCK_WATCHDOG_TIMEOUT` + `COORDINATOR_LOCK_WAIT_TIME` reach it: the partition would move while the dead owner's lock is still held"),
+			in(sectionFurther, "session timeout of the trigger consumer group and of the console's events indexer: a dead replica's partitions move after it (1s..30m; the heartbeat is a sixth of it, at most 3s). `serve` exits 64 when `COORDINATOR_LOCK_WATCHDOG_TIMEOUT` + `COORDINATOR_LOCK_WAIT_TIME` reach it: the partition would move while the dead owner's lock is still held"),
 		text("COORDINATOR_KAFKA_TOPIC_PREFIX", "kafka-topic-prefix", "prefix", "prefix of every contract topic (isolates tests and tenants)", "",
 			func(c *Config) *string { return &c.Kafka.TopicPrefix }, func(v string) error {
 				if v == "" {

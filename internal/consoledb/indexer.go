@@ -24,9 +24,18 @@ type IndexerConfig struct {
 	Group   string
 	// ClientOpts are extra franz-go options (TLS, SASL, client id).
 	ClientOpts []kgo.Opt
-	Pool       *pgxpool.Pool
-	Log        *slog.Logger
-	Metrics    *Metrics
+	// SessionTimeout is the group session (COORDINATOR_KAFKA_SESSION_TIMEOUT):
+	// how long the group waits for a member that died before it
+	// rebalances without it. Default franz-go's (45 s).
+	SessionTimeout time.Duration
+	// StopTimeout bounds Stop's leave of the group: a leave that waits
+	// for a rebalance in flight (the group waiting out a dead member's
+	// session) is cut off, and the group notices the indexer gone by its
+	// session instead. Default DefaultStopTimeout.
+	StopTimeout time.Duration
+	Pool        *pgxpool.Pool
+	Log         *slog.Logger
+	Metrics     *Metrics
 }
 
 // Indexer writes every record of the events topic into ownership_events,
@@ -36,12 +45,19 @@ type IndexerConfig struct {
 // written by one replica, whichever emitted the event; a new group starts
 // at the oldest retained record.
 type Indexer struct {
-	cfg  IndexerConfig
-	cl   *kgo.Client
+	cfg IndexerConfig
+	cl  *kgo.Client
+	// kill cancels the client's own context: its requests in flight (a
+	// JoinGroup the broker holds) end at once.
+	kill context.CancelFunc
 	stop context.CancelFunc
 	done chan struct{}
 	once sync.Once
 }
+
+// DefaultStopTimeout is IndexerConfig.StopTimeout's default: well inside
+// the replica's shutdown bound (COORDINATOR_SHUTDOWN_TIMEOUT, 30 s).
+const DefaultStopTimeout = 5 * time.Second
 
 // NewIndexer checks cfg; Start connects.
 func NewIndexer(cfg IndexerConfig) (*Indexer, error) {
@@ -51,12 +67,17 @@ func NewIndexer(cfg IndexerConfig) (*Indexer, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
+	if cfg.StopTimeout <= 0 {
+		cfg.StopTimeout = DefaultStopTimeout
+	}
 	return &Indexer{cfg: cfg, done: make(chan struct{})}, nil
 }
 
 // Start joins the group and indexes in the background.
 func (x *Indexer) Start(context.Context) error {
+	clientCtx, kill := context.WithCancel(context.Background())
 	opts := append([]kgo.Opt{
+		kgo.WithContext(clientCtx),
 		kgo.SeedBrokers(x.cfg.Brokers...),
 		kgo.ConsumerGroup(x.cfg.Group),
 		kgo.ConsumeTopics(x.cfg.Topic),
@@ -64,18 +85,25 @@ func (x *Indexer) Start(context.Context) error {
 		kgo.DisableAutoCommit(),
 		kgo.FetchMaxWait(500 * time.Millisecond),
 	}, x.cfg.ClientOpts...)
+	if x.cfg.SessionTimeout > 0 {
+		opts = append(opts, kgo.SessionTimeout(x.cfg.SessionTimeout))
+	}
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
+		kill()
 		return fmt.Errorf("consoledb: indexer client: %w", err)
 	}
-	x.cl = cl
+	x.cl, x.kill = cl, kill
 	ctx, cancel := context.WithCancel(context.Background())
 	x.stop = cancel
 	go x.loop(ctx)
 	return nil
 }
 
-// Stop leaves the group (what was written is committed) and waits.
+// Stop leaves the group (what was written is committed) and waits, at
+// most StopTimeout for the leave: a leave behind a rebalance that waits for
+// a dead member (a replica SIGKILLed) would otherwise take that member's
+// whole session and hold the replica past its shutdown bound.
 func (x *Indexer) Stop() {
 	x.once.Do(func() {
 		if x.cl == nil {
@@ -84,6 +112,13 @@ func (x *Indexer) Stop() {
 		}
 		x.stop()
 		<-x.done
+		ctx, cancel := context.WithTimeout(context.Background(), x.cfg.StopTimeout)
+		if err := x.cl.LeaveGroupContext(ctx); err != nil {
+			x.cfg.Log.Warn("events_index_leave_cut_short", "error", err, "timeout_ms", x.cfg.StopTimeout.Milliseconds(),
+				"detail", "the group sees this member gone when its session ends")
+		}
+		cancel()
+		x.kill() // requests still in flight end now
 		x.cl.Close()
 	})
 }

@@ -178,7 +178,7 @@ func FreePort() (int, error) {
 }
 
 // portFloor is the lowest port FreePort draws: above the fixed ports of
-// scripts/services (15432-19095; its cluster bus ports 27001-27003 listen,
+// scripts/services (15432-19095; its cluster bus ports 27001-27006 listen,
 // so they are skipped).
 const portFloor = 20000
 

@@ -121,6 +121,9 @@ func Run(ctx context.Context, c Config) int {
 	}
 	defer signal.Stop(sigs)
 
+	// --wait counts from here: opening the Locker (its server check can
+	// take a stalled Redis's whole timeout) is part of the wait.
+	end := time.Now().Add(c.Wait)
 	locker, err := c.Open(ctx, grace+killMargin(ttl))
 	if err != nil {
 		fmt.Fprintf(stderr, "coordinator lock: %v\n", err)
@@ -141,7 +144,6 @@ func Run(ctx context.Context, c Config) int {
 		case <-acquiring:
 		}
 	})
-	end := time.Now().Add(c.Wait)
 	term := controllingTerminal(c.Stdin, c.Stdout, stderr)
 	var (
 		lease ownership.Lease
@@ -227,9 +229,22 @@ func newLockRun(log *slog.Logger, locker ownership.Locker, lease ownership.Lease
 // with backoff, within the same budget. A zero wait is one try, as flock -n.
 func acquireWithin(ctx context.Context, locker ownership.Locker, key string, lease, wait time.Duration, log *slog.Logger) (ownership.Lease, error) {
 	end := time.Now().Add(wait)
-	le, err := locker.Acquire(ctx, key, lease)
-	if wait <= 0 {
-		return le, err
+	if wait <= 0 { // one try, even where the Locker's own wait is longer
+		if wl, ok := locker.(ownership.WaitLocker); ok {
+			return wl.AcquireWithin(ctx, key, lease, 0)
+		}
+		return locker.Acquire(ctx, key, lease)
+	}
+	// The first try too waits only for the budget given, which may be less
+	// than the Locker's own wait (opening the Locker took part of it).
+	var (
+		le  ownership.Lease
+		err error
+	)
+	if wl, ok := locker.(ownership.WaitLocker); ok {
+		le, err = wl.AcquireWithin(ctx, key, lease, wait)
+	} else {
+		le, err = locker.Acquire(ctx, key, lease)
 	}
 	// The tries after the first wait only for what is left of the budget
 	// (the Locker would give each a whole wait of its own); a Locker that

@@ -284,3 +284,51 @@ func TestAnAcquisitionLostBeforeTheStartIsAskedForAgain(t *testing.T) {
 		require.Contains(t, out, "lost before the command could start")
 	})
 }
+
+// --wait counts from the start: the time opening the Locker took (its
+// server check against a stalled Redis) is not added on top. Before, a
+// 1.5 s wait behind a held lock after a 1 s open ended at 2.5 s.
+func TestWaitCountsTheLockersOpen(t *testing.T) {
+	t.Parallel()
+	mem := ownership.NewMemoryLocker(ownership.MemoryConfig{Owner: "me", WaitTime: 1500 * time.Millisecond})
+	t.Cleanup(func() { _ = mem.Close() })
+	held, err := mem.Acquire(context.Background(), "slow-open", 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = held.Release(context.Background()) })
+	a, err := ParseArgs([]string{"--key", "slow-open", "--", "true"})
+	require.NoError(t, err)
+	var errs bytes.Buffer
+	start := time.Now()
+	code := Run(context.Background(), Config{
+		Args: a, WatchdogTimeout: 30 * time.Second, Wait: 1500 * time.Millisecond, Stderr: &errs,
+		Open: func(context.Context, time.Duration) (ownership.Locker, error) {
+			time.Sleep(time.Second) // a server check that waited for a stalled Redis
+			return memUnclosable{mem}, nil
+		},
+		Environ: []string{"PATH=" + os.Getenv("PATH")},
+	})
+	took := time.Since(start)
+	require.Equal(t, 75, code, errs.String())
+	require.Less(t, took, 2200*time.Millisecond, "the 1.5 s budget included the 1 s open")
+
+	// An open that took the whole budget leaves one try, not the Locker's
+	// own wait (--wait) on top.
+	start = time.Now()
+	code = Run(context.Background(), Config{
+		Args: a, WatchdogTimeout: 30 * time.Second, Wait: 1500 * time.Millisecond, Stderr: &errs,
+		Open: func(context.Context, time.Duration) (ownership.Locker, error) {
+			time.Sleep(2 * time.Second)
+			return memUnclosable{mem}, nil
+		},
+		Environ: []string{"PATH=" + os.Getenv("PATH")},
+	})
+	took = time.Since(start)
+	require.Equal(t, 75, code, errs.String())
+	require.Less(t, took, 2700*time.Millisecond, "one try after an open that spent the 1.5 s budget")
+}
+
+// memUnclosable keeps Run's Close from closing the test's MemoryLocker,
+// keeping its AcquireWithin (ownership.WaitLocker).
+type memUnclosable struct{ *ownership.MemoryLocker }
+
+func (memUnclosable) Close() error { return nil }

@@ -309,7 +309,7 @@ func (r *Replica) startConsumer(ctx context.Context) error {
 		return err
 	}
 	kcfg := trigger.KafkaConfig{Brokers: r.cfg.Kafka.Brokers, Group: r.cfg.Kafka.Group, Kinds: r.rc.Kinds, Topics: r.names,
-		Replica: r.cfg.ReplicaID, DrainTimeout: r.cfg.ShutdownTimeout, MaxDecompressBatchBytes: r.cfg.Kafka.MaxDecompressedBatchBytes, ClientOpts: opts, Tracing: r.rc.Telemetry.Kafka(r.cfg.Kafka.Group)}
+		Replica: r.cfg.ReplicaID, DrainTimeout: r.cfg.ShutdownTimeout, LeaveTimeout: min(5*time.Second, r.cfg.ShutdownTimeout/4), MaxDecompressBatchBytes: r.cfg.Kafka.MaxDecompressedBatchBytes, ClientOpts: opts, Tracing: r.rc.Telemetry.Kafka(r.cfg.Kafka.Group)}
 	consumer, err := trigger.NewKafkaConsumer(kcfg, r.disp, r.emit, r.log, r.tm)
 	if err != nil {
 		return err

@@ -74,7 +74,10 @@ func (r *Replica) startConsole(ctx context.Context) error {
 		return err
 	}
 	idx, err := consoledb.NewIndexer(consoledb.IndexerConfig{Brokers: r.cfg.Kafka.Brokers, Topic: r.names.Events,
-		Group: r.cfg.Kafka.Group + "-console", ClientOpts: idxOpts, Pool: r.pool, Log: r.log, Metrics: r.con.metrics})
+		Group: r.cfg.Kafka.Group + "-console", ClientOpts: idxOpts, Pool: r.pool, Log: r.log, Metrics: r.con.metrics,
+		// A dead replica's share of the index moves after the same session
+		// as its triggers, and Stop leaves within a fraction of the bound.
+		SessionTimeout: r.cfg.Kafka.SessionTimeout, StopTimeout: min(consoledb.DefaultStopTimeout, r.cfg.ShutdownTimeout/4)})
 	if err != nil {
 		return err
 	}

@@ -218,8 +218,11 @@ func deletePrefix(c *redis.Client, prefix string) {
 	}
 }
 
-// RedisClusterAddrs returns the seed addresses of a 3-master Redis Cluster.
-// There is no container fallback: the services script starts one.
+// RedisClusterAddrs returns the seed addresses of the shared Redis Cluster
+// (scripts/services: 3 masters with a replica each; every node is a seed).
+// There is no container fallback: the services script starts one. A test
+// that migrates slots or stops nodes starts a cluster of its own
+// (StartRedisCluster).
 func RedisClusterAddrs(t testing.TB) []string {
 	t.Helper()
 	raw := os.Getenv(EnvRedisClusterAddrs)

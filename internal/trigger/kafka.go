@@ -64,6 +64,12 @@ type KafkaConfig struct {
 	// concurrently, those of one key strictly in order (partition.go).
 	// Default DefaultPartitionConcurrency; 1 handles one record at a time.
 	PartitionConcurrency int
+	// LeaveTimeout bounds Stop's leave of the group once the records are
+	// drained: a leave behind a rebalance that waits for a dead member (a
+	// replica SIGKILLed) would otherwise take that member's whole session
+	// (45 s by default, above the shutdown bound). Cut off, the group sees
+	// this member gone by its session instead. Default 5s.
+	LeaveTimeout time.Duration
 	// FetchMaxWait is the broker's long-poll bound. Default 100ms (low, so a
 	// partition resumed after a busy spell is fetched again quickly).
 	FetchMaxWait time.Duration
@@ -102,6 +108,9 @@ func (c KafkaConfig) withDefaults() KafkaConfig {
 	}
 	if c.PartitionConcurrency <= 0 {
 		c.PartitionConcurrency = DefaultPartitionConcurrency
+	}
+	if c.LeaveTimeout <= 0 {
+		c.LeaveTimeout = 5 * time.Second
 	}
 	if c.FetchMaxWait <= 0 {
 		c.FetchMaxWait = 100 * time.Millisecond
@@ -171,6 +180,9 @@ type KafkaConsumer struct {
 	cancelHandle context.CancelFunc
 	pollCtx      context.Context
 	cancelPoll   context.CancelFunc
+	// killClient cancels the client's own context: its requests in flight
+	// (a JoinGroup the broker holds) end at once.
+	killClient context.CancelFunc
 
 	mu      sync.Mutex
 	workers map[tp]*partWorker
@@ -224,7 +236,10 @@ func NewKafkaConsumer(cfg KafkaConfig, h Handler, emit events.Emitter, log *slog
 func (c *KafkaConsumer) Start(ctx context.Context) error {
 	err := errors.New("trigger: consumer already started")
 	c.startOnce.Do(func() {
+		var clientCtx context.Context
+		clientCtx, c.killClient = context.WithCancel(context.Background())
 		opts := append([]kgo.Opt{
+			kgo.WithContext(clientCtx),
 			kgo.SeedBrokers(c.cfg.Brokers...),
 			kgo.ClientID("coordinator-" + c.cfg.Replica),
 			kgo.ConsumerGroup(c.cfg.Group),
@@ -243,6 +258,7 @@ func (c *KafkaConsumer) Start(ctx context.Context) error {
 		cl, err = kgo.NewClient(opts...)
 		if err != nil {
 			err = fmt.Errorf("trigger: kafka client: %w", err)
+			c.killClient()
 			close(c.pollDone)
 			return
 		}
@@ -280,7 +296,14 @@ func (c *KafkaConsumer) Stop() {
 		}
 		c.cancelHandle()
 		if c.cl != nil {
-			c.cl.Close() // leaves the group
+			ctx, cancel := context.WithTimeout(context.Background(), c.cfg.LeaveTimeout)
+			if err := c.cl.LeaveGroupContext(ctx); err != nil {
+				c.log.Warn("trigger_consumer_leave_cut_short", "error", err, "timeout_ms", c.cfg.LeaveTimeout.Milliseconds(),
+					"detail", "the group sees this member gone when its session ends; records not committed are read again")
+			}
+			cancel()
+			c.killClient()
+			c.cl.Close()
 		}
 		c.log.Info("trigger_consumer_stopped")
 	})

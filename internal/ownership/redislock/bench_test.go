@@ -396,38 +396,50 @@ func BenchmarkServerCost(b *testing.B) {
 	rawKey := env.Prefix + ":raw"
 	bare18, bareNow := barePair(l, raw, true), barePair(l, raw, false)
 	fcallPair := functionPair(b, l, raw)
-	pairs := map[string]func() error{
-		"floor": func() error {
-			if err := raw.SetNX(ctx, rawKey, "t", 30*time.Second).Err(); err != nil {
-				return err
-			}
-			return del.Run(ctx, raw, []string{rawKey}, "t").Err()
-		},
-		"scripts-before18": func() error { return bare18("before") },
-		"scripts":          func() error { return bareNow("now") },
-		"scripts-fcall":    func() error { return fcallPair("fcall") },
-		"ours-explicit": func() error {
-			le, err := l.Acquire(ctx, "k", 30*time.Second)
-			if err != nil {
-				return err
-			}
-			return le.Release(ctx)
-		},
-		"ours-watchdog": func() error {
-			le, err := l.Acquire(ctx, "k", 0)
-			if err != nil {
-				return err
-			}
-			return le.Release(ctx)
-		},
+	floor := func(key string) error {
+		if err := raw.SetNX(ctx, rawKey+key, "t", 30*time.Second).Err(); err != nil {
+			return err
+		}
+		return del.Run(ctx, raw, []string{rawKey + key}, "t").Err()
 	}
-	topLevel := map[string][]string{"floor": {"set", "evalsha", "eval"}, "scripts-fcall": {"fcall"}}
-	for _, name := range []string{"floor", "scripts-before18", "scripts", "scripts-fcall", "ours-explicit", "ours-watchdog"} {
+	explicit := func(key string) error {
+		le, err := l.Acquire(ctx, key, 30*time.Second)
+		if err != nil {
+			return err
+		}
+		return le.Release(ctx)
+	}
+	pairs := map[string]func(key string) error{
+		"floor":            floor,
+		"scripts-before18": func(key string) error { return bare18("before" + key) },
+		"scripts":          func(key string) error { return bareNow("now" + key) },
+		"scripts-fcall":    func(key string) error { return fcallPair("fcall" + key) },
+		"ours-explicit":    explicit,
+		"ours-watchdog": func(key string) error {
+			le, err := l.Acquire(ctx, key, 0)
+			if err != nil {
+				return err
+			}
+			return le.Release(ctx)
+		},
+		// 16 goroutines, a key each, in one process: the Locker's calls
+		// go out in shared pipelines (coalesce.go), the floor's each alone.
+		"floor/16":         floor,
+		"ours-explicit/16": explicit,
+	}
+	topLevel := map[string][]string{"floor": {"set", "evalsha", "eval"}, "floor/16": {"set", "evalsha", "eval"}, "scripts-fcall": {"fcall"}}
+	for _, name := range []string{"floor", "scripts-before18", "scripts", "scripts-fcall", "ours-explicit", "ours-watchdog", "floor/16", "ours-explicit/16"} {
 		b.Run(name, func(b *testing.B) {
 			pair := pairs[name]
-			for range 100 { // warm: scripts cached, connections open, server state read
-				if err := pair(); err != nil {
-					b.Fatal(err)
+			g := 1
+			if _, n, ok := strings.Cut(name, "/"); ok {
+				g, _ = strconv.Atoi(n)
+			}
+			for w := range g { // warm: scripts cached, connections open, server state read
+				for range 100 {
+					if err := pair("k" + strconv.Itoa(w)); err != nil {
+						b.Fatal(err)
+					}
 				}
 			}
 			if err := env.Client.ConfigResetStat(ctx).Err(); err != nil {
@@ -438,11 +450,18 @@ func BenchmarkServerCost(b *testing.B) {
 			}
 			cpu0 := procCPU(b, pid)
 			b.ResetTimer()
-			for range b.N {
-				if err := pair(); err != nil {
-					b.Fatal(err)
-				}
+			var wg sync.WaitGroup
+			for w := range g {
+				wg.Go(func() {
+					for range (b.N + g - 1 - w) / g {
+						if err := pair("k" + strconv.Itoa(w)); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
 			}
+			wg.Wait()
 			b.StopTimer()
 			cpu := procCPU(b, pid) - cpu0
 			if cg {

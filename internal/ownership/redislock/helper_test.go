@@ -12,12 +12,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/telco-platform/coordinator/internal/ownership/ownershiptest"
 	"github.com/telco-platform/coordinator/internal/ownership/redislock"
 	"github.com/telco-platform/coordinator/internal/testenv"
 )
+
+// asProcessHook makes a pipeline hook see single commands too: the Locker
+// sends a call that goes alone to its node as a plain command, and calls
+// that go together as a pipeline.
+func asProcessHook(hook func(redis.ProcessPipelineHook) redis.ProcessPipelineHook, next redis.ProcessHook) redis.ProcessHook {
+	wrapped := hook(func(ctx context.Context, cmds []redis.Cmder) error { return next(ctx, cmds[0]) })
+	return func(ctx context.Context, cmd redis.Cmder) error { return wrapped(ctx, []redis.Cmder{cmd}) }
+}
 
 // The crash test re-executes this test binary as a lock holder.
 const (

@@ -137,7 +137,14 @@ type Locker struct {
 	wmu    sync.Mutex
 	queues map[string]*queue
 
-	srv serverState
+	srv   serverState
+	redir redirects
+	// batchers queue the calls per target while its pipelines are busy
+	// (coalesce.go).
+	direct   batcher // calls through the client itself
+	bmu      sync.Mutex
+	batchers map[string]*batcher // calls through a node's client, by "node <addr>"
+	flushes  sync.WaitGroup      // the goroutines sending queued calls
 
 	pubsub *redis.PubSub
 	// rsubs: the Redisson unlock channels this Locker listens on while it
@@ -301,31 +308,30 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 				// what the wait learned, as in the ctx.Done case below.
 				return nil, ownership.AlreadyOwned(key, cmp.Or(owner, q.lastOwner(&l.wmu)), cerr)
 			}
-			sent := time.Now()
 			// A last try out of turn may find this Locker queued by the
 			// head: '+' lets an acquisition take the entry out.
 			res, err := l.runAcquire(ctx, deadline, key, token, ttlMS, q.isQueued(&l.wmu) || lastTry)
 			if err != nil {
 				// The script may have run (only its reply was lost, or ctx
 				// ended while it was in flight): delete what it wrote.
-				l.cleanup(key, token, 0)
+				l.cleanupAfter(err, key, token)
 				if cerr := ctx.Err(); cerr != nil {
 					err = fmt.Errorf("%w: %w", cerr, err)
 				}
 				return nil, ownership.Unavailable(key, err)
 			}
 			switch {
-			case res.acquired && l.tooLate(sent, ttl):
+			case res.acquired && l.tooLate(res.sent, ttl):
 				// Trusted for too short a time, or not at all: give it back
 				// and ask again at once, with a new token (a resend of this
 				// acquisition still in flight finds no lock of its token).
 				q.setQueued(&l.wmu, false)
-				late = l.giveBack(key, token, res.fence, sent)
+				late = l.giveBack(key, token, res.fence, res.sent)
 				token = l.newToken()
 				w.fallback = 0
 			case res.acquired:
 				q.setQueued(&l.wmu, false)
-				le := l.grant(ctx, key, token, res.fence, lease == 0, ttl, sent)
+				le := l.grant(ctx, key, token, res.fence, lease == 0, ttl, res.sent)
 				w.acquired(&l.wmu, ttl)
 				return le, nil
 			default:
@@ -395,6 +401,7 @@ func (l *Locker) acquire(ctx context.Context, key string, lease time.Duration, s
 type acquireResult struct {
 	acquired bool
 	fence    int64
+	sent     time.Time // when the send that acquired was made
 	pttl     int64
 	owner    string
 	reserved string
@@ -419,23 +426,21 @@ func (l *Locker) runAcquire(ctx context.Context, deadline time.Time, key, token 
 	if queued {
 		t = "+" + t
 	}
-	script := acquireScript
-	if l.cfg.Layout == LayoutRedisson {
-		script = acquireRedissonScript
+	c := l.acquireCall(keys, token, ttlMS, t)
+	l.do(callCtx, c)
+	if c.err != nil {
+		return acquireResult{}, c.err
 	}
-	cmd, acked, err := l.evalAcked(callCtx, script, keys, token, l.cfg.Owner, ttlMS, t)
-	if err != nil {
-		return acquireResult{}, err
-	}
+	cmd := c.cmd
 	if f, ok := cmd.Val().(string); ok {
 		fence, err := fenceOf(f)
 		if err != nil {
 			return acquireResult{}, err
 		}
-		if acked != nil {
-			return acquireResult{}, acked // the caller deletes the unreplicated lock
+		if c.acked != nil {
+			return acquireResult{}, c.acked // the caller deletes the unreplicated lock
 		}
-		return acquireResult{acquired: true, fence: fence}, nil
+		return acquireResult{acquired: true, fence: fence, sent: c.sent}, nil
 	}
 	vals, err := cmd.Slice()
 	if err != nil {
@@ -488,7 +493,7 @@ func (l *Locker) giveBack(key, token string, fence int64, sent time.Time) error 
 	ctx, cancel := context.WithTimeout(l.runCtx, cleanupTimeout)
 	defer cancel()
 	if _, err := l.runRelease(ctx, key, token, 0); err != nil {
-		l.cleanup(key, token, 0)
+		l.cleanupAfter(err, key, token)
 	}
 	return fmt.Errorf("%w: fence %d answered after %s", ErrAcquiredTooLate, fence, took.Round(time.Millisecond))
 }
@@ -522,8 +527,12 @@ func (l *Locker) nextSeq(t *ownership.Term) int64 {
 // setHolds tells Redis how many holds t has now. ok is false when the term
 // no longer holds the lock; owner is then the current holder's replica.
 func (l *Locker) setHolds(ctx context.Context, t *ownership.Term, holds int64) (ok bool, owner string, err error) {
-	vals, err := holdsScript.Run(ctx, l.client, []string{l.lockKey(t.Key())},
-		t.Token(), t.Fence(), holds, l.nextSeq(t)).Slice()
+	c := newCall(holdsScript, false, []string{l.lockKey(t.Key())}, t.Token(), t.Fence(), holds, l.nextSeq(t))
+	l.do(ctx, c)
+	if c.err != nil {
+		return false, "", c.err
+	}
+	vals, err := c.cmd.Slice()
 	if err != nil {
 		return false, "", err
 	}
@@ -684,7 +693,7 @@ func (l *Locker) release(ctx context.Context, t *ownership.Term) error {
 	ended, err := l.runRelease(ctx, t.Key(), t.Token(), t.Fence())
 	if err != nil {
 		// It may have run; if not, nobody holds the lock now: delete it.
-		l.cleanup(t.Key(), t.Token(), 0)
+		l.cleanupAfter(err, t.Key(), t.Token())
 		return fmt.Errorf("%w: %w", ownership.ErrUnavailable, err)
 	}
 	if !ended {
@@ -702,17 +711,12 @@ func (l *Locker) runRelease(ctx context.Context, key, token string, fence int64)
 	if fence != 0 {
 		f = strconv.FormatInt(fence, 10)
 	}
-	keys := []string{l.lockKey(key), queue, tickets, l.endedKey(key, fence)}
-	var res any
-	if l.cfg.Layout == LayoutRedisson {
-		res, err = releaseRedissonScript.Run(ctx, l.client, append(keys, redissonChannel(key)),
-			token, f, l.wakePrefix(), l.shardedArg()).Result()
-	} else {
-		res, err = releaseScript.Run(ctx, l.client, keys, token, f).Result()
+	c := l.releaseCall(key, []string{l.lockKey(key), queue, tickets, l.endedKey(key, fence)}, token, f)
+	l.do(ctx, c)
+	if c.err != nil {
+		return false, c.err
 	}
-	if err != nil {
-		return false, err
-	}
+	res := c.cmd.Val()
 	switch r := res.(type) {
 	case int64:
 		return r == 1, nil
@@ -731,12 +735,32 @@ func (l *Locker) cleanup(key, token string, delay time.Duration) {
 			// Not cut short by Close: the margin is the holder's time to stop.
 			time.Sleep(delay)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
-		defer cancel()
-		if _, err := l.runRelease(ctx, key, token, 0); err != nil {
-			l.log.Debug("lock_cleanup_failed", "lock_key", key, "error", err)
-		}
+		l.deleteByToken(key, token)
 	})
+}
+
+// cleanupAfter is cleanup(key, token, 0) for a call of token's that failed
+// with err. Where err says a pipeline still carries the call (its caller's
+// context ended first), the delete waits for the pipeline's answer: sent
+// before it, it could otherwise run first and leave the lock behind.
+func (l *Locker) cleanupAfter(err error, key, token string) {
+	answered := sentAndLeft(err)
+	if answered == nil {
+		l.cleanup(key, token, 0)
+		return
+	}
+	l.background(func() {
+		<-answered // the go-redis timeouts bound the pipeline
+		l.deleteByToken(key, token)
+	})
+}
+
+func (l *Locker) deleteByToken(key, token string) {
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	if _, err := l.runRelease(ctx, key, token, 0); err != nil {
+		l.log.Debug("lock_cleanup_failed", "lock_key", key, "error", err)
+	}
 }
 
 // background runs fn in a goroutine Close waits for; after Close, fn is
@@ -783,6 +807,8 @@ func (l *Locker) Close() error {
 	l.mu.Unlock()
 	l.closeRedissonSubs()
 	l.wg.Wait()
+	l.flushes.Wait()
+	l.closeRedirects()
 	return nil
 }
 

@@ -98,15 +98,9 @@ func (l *Locker) leave(key string) {
 		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 		defer cancel()
 		queue, tickets := l.queueKeys(key)
-		keys := []string{l.lockKey(key), queue, tickets}
-		var err error
-		if l.cfg.Layout == LayoutRedisson {
-			err = leaveRedissonScript.Run(ctx, l.client, append(keys, redissonChannel(key)),
-				l.id, l.wakePrefix(), l.shardedArg()).Err()
-		} else {
-			err = leaveScript.Run(ctx, l.client, keys, l.id).Err()
-		}
-		if err != nil {
+		c := l.leaveCall(key, []string{l.lockKey(key), queue, tickets})
+		l.do(ctx, c)
+		if err := c.err; err != nil {
 			l.log.Debug("lock_queue_leave_failed", "lock_key", key, "error", err)
 		}
 	})

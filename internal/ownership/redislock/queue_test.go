@@ -29,20 +29,22 @@ type askHook struct {
 
 func (h *askHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *askHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		args := cmd.Args()
-		if len(args) > 3 && (strings.EqualFold(str(args[0]), "evalsha") || strings.EqualFold(str(args[0]), "eval")) && str(args[3]) == h.lockKey {
-			select {
-			case h.asked <- struct{}{}:
-			default:
+	return asProcessHook(h.ProcessPipelineHook, next)
+}
+func (h *askHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			args := cmd.Args()
+			if len(args) > 3 && (strings.EqualFold(str(args[0]), "evalsha") || strings.EqualFold(str(args[0]), "eval")) && str(args[3]) == h.lockKey {
+				select {
+				case h.asked <- struct{}{}:
+				default:
+				}
 			}
 		}
 		return err
 	}
-}
-func (h *askHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 // waitingLocker is a Locker with a client of its own (one process) whose

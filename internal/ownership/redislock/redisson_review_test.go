@@ -164,15 +164,13 @@ func unlockBeforeTheWaiterSubscribes(t *testing.T, w *mixedWorld) {
 	ctx := context.Background()
 	key := mixedKey("window")
 	require.NoError(t, w.java.Do("u", "lock", key, "0").Err)
-	client, err := redislock.NewClient(w.url, w.mode)
-	require.NoError(t, err)
 	h := &orderHook{before: map[string]func(){}, after: map[string]func(){}}
 	unlocked := make(chan RedissonUnlock, 1)
 	h.after["acquire"] = func() {
 		rep := w.java.Do("u", "unlock", key)
 		unlocked <- RedissonUnlock{rep.Err, time.Now()}
 	}
-	client.AddHook(h)
+	client := w.hookedClient(t, h)
 	l, err := redislock.New(client, redislock.Config{Prefix: w.prefix, Owner: "window", WaitTime: time.Minute,
 		WatchdogTimeout: 30 * time.Second, Layout: redislock.LayoutRedisson})
 	require.NoError(t, err)

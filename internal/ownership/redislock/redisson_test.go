@@ -138,25 +138,25 @@ type evalCounter struct {
 
 func (h *evalCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *evalCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		args := cmd.Args()
-		if len(args) > 3 && (strings.EqualFold(str(args[0]), "evalsha") || strings.EqualFold(str(args[0]), "eval")) && str(args[3]) == h.key {
-			h.n.Add(1)
-		}
-		return next(ctx, cmd)
-	}
+	return asProcessHook(h.ProcessPipelineHook, next)
 }
 func (h *evalCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			args := cmd.Args()
+			if len(args) > 3 && (strings.EqualFold(str(args[0]), "evalsha") || strings.EqualFold(str(args[0]), "eval")) && str(args[3]) == h.key {
+				h.n.Add(1)
+			}
+		}
+		return next(ctx, cmds)
+	}
 }
 
 // countedLocker is w.locker whose scripts on key are counted.
 func (w *mixedWorld) countedLocker(t *testing.T, owner, key string, wait time.Duration) (*redislock.Locker, *evalCounter) {
 	t.Helper()
-	client, err := redislock.NewClient(w.url, w.mode)
-	require.NoError(t, err)
 	h := &evalCounter{key: key}
-	client.AddHook(h)
+	client := w.hookedClient(t, h)
 	l, err := redislock.New(client, redislock.Config{Prefix: w.prefix, Owner: owner, WaitTime: wait,
 		WatchdogTimeout: 30 * time.Second, Layout: redislock.LayoutRedisson})
 	require.NoError(t, err)
@@ -165,6 +165,29 @@ func (w *mixedWorld) countedLocker(t *testing.T, owner, key string, wait time.Du
 		_ = client.Close()
 	})
 	return l, h
+}
+
+// hookedClient is a client of w's Redis whose commands h sees. On a cluster
+// h sits on the node clients, which every command passes (a script followed
+// by WAIT, where the cluster has replicas, goes to its node's client
+// directly), and only there, so each command passes h once.
+func (w *mixedWorld) hookedClient(t *testing.T, h redis.Hook) redis.UniversalClient {
+	t.Helper()
+	if w.mode != redislock.ModeCluster {
+		c, err := redislock.NewClient(w.url, w.mode)
+		require.NoError(t, err)
+		c.AddHook(h)
+		return c
+	}
+	o, err := redislock.ParseOptions(w.url, w.mode)
+	require.NoError(t, err)
+	co := o.Cluster()
+	co.NewClient = func(opt *redis.Options) *redis.Client {
+		n := redis.NewClient(opt)
+		n.AddHook(h)
+		return n
+	}
+	return redis.NewClusterClient(co)
 }
 
 func mixedKey(name string) string {

@@ -34,23 +34,29 @@ func (h *orderHook) take(m map[string]func(), name string) func() {
 
 func (h *orderHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *orderHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		name := redislock.ScriptName(cmd)
-		if name == "" {
-			return next(ctx, cmd)
+	return asProcessHook(h.ProcessPipelineHook, next)
+}
+func (h *orderHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		var names []string
+		for _, cmd := range cmds {
+			if name := redislock.ScriptName(cmd); name != "" {
+				names = append(names, name)
+			}
 		}
-		if f := h.take(h.before, name); f != nil {
-			f()
+		for _, name := range names {
+			if f := h.take(h.before, name); f != nil {
+				f()
+			}
 		}
-		err := next(ctx, cmd)
-		if f := h.take(h.after, name); f != nil {
-			f()
+		err := next(ctx, cmds)
+		for _, name := range names {
+			if f := h.take(h.after, name); f != nil {
+				f()
+			}
 		}
 		return err
 	}
-}
-func (h *orderHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 // waitOrGiveUp waits for ch, at most 10 s: a hook that orders commands must

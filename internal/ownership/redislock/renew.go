@@ -73,7 +73,7 @@ func (l *Locker) renewRound(budget time.Duration) {
 	var firstErr error
 	for start := 0; start < len(items); start += renewBatch {
 		batch := items[start:min(start+renewBatch, len(items))]
-		results, sent := l.renewBatch(ctx, batch)
+		results := l.renewBatch(ctx, batch)
 		for i, it := range batch {
 			r := results[i]
 			switch {
@@ -89,7 +89,7 @@ func (l *Locker) renewRound(budget time.Duration) {
 					// holds. Delete it, after the holder's margin to stop.
 					l.cleanup(it.t.Key(), it.t.Token(), ownership.SafetyMargin(it.st.ttl))
 				} else {
-					d := ownership.TrustDeadline(sent, it.st.ttl)
+					d := ownership.TrustDeadline(r.sent, it.st.ttl)
 					l.mu.Lock()
 					it.st.deadline = d
 					l.mu.Unlock()
@@ -119,118 +119,60 @@ func cmpErr(a, b error) error {
 type renewResult struct {
 	held, skipped bool
 	err           error
+	sent          time.Time
 }
 
 // renewBatch sends the renewals of a batch while holding the round token, so
-// that a Release can wait for a batch that may carry its term. Renewals go
-// in one pipeline per master, followed by WAIT where replicas must
-// acknowledge them: a renewal counts only once they have.
-func (l *Locker) renewBatch(ctx context.Context, batch []renewItem) ([]renewResult, time.Time) {
+// that a Release can wait for a batch that may carry its term. The send
+// path pipelines them per master, each followed by WAIT where replicas must
+// acknowledge them: a renewal counts only once they have. sent is, per
+// renewal, when the send that counted was made.
+func (l *Locker) renewBatch(ctx context.Context, batch []renewItem) []renewResult {
+	results := make([]renewResult, len(batch))
 	select {
 	case l.round <- struct{}{}:
 	case <-ctx.Done():
-		results := make([]renewResult, len(batch))
 		for i := range results {
 			results[i].err = ctx.Err()
 		}
-		return results, time.Now()
+		return results
 	}
 	defer func() { <-l.round }()
-	results := make([]renewResult, len(batch))
 	l.mu.Lock()
 	for i, it := range batch {
 		results[i].skipped = !it.st.renewing
 	}
 	l.mu.Unlock()
 
-	// Which pipeline each renewal goes in: one per master when WAIT is
-	// needed (it acknowledges that connection's writes), else one for all
-	// (a cluster pipeline splits by node itself).
-	type group struct {
-		items []int
-		need  int
-		node  *redis.Client
-		addr  string
-	}
-	groups := map[string]*group{}
-	var order []string
+	calls := make([]*call, 0, len(batch))
+	idx := make([]int, 0, len(batch))
 	for i, it := range batch {
 		if results[i].skipped {
 			continue
 		}
-		n, addr, err := l.node(ctx, it.st.lockKey)
-		need := 0
-		if err == nil {
-			need = l.required(addr)
-		}
-		gk := "all"
-		if need > 0 {
-			gk = "node " + addr
-		}
-		g := groups[gk]
-		if g == nil {
-			g = &group{need: need, node: n, addr: addr}
-			groups[gk] = g
-			order = append(order, gk)
-		}
-		g.items = append(g.items, i)
+		ttl := max(it.st.ttl.Milliseconds(), 1)
+		calls = append(calls, newCall(renewScript, true, []string{it.st.lockKey}, it.t.Token(), it.t.Fence(), ttl))
+		idx = append(idx, i)
 	}
-
-	sent := time.Now()
-	cmds := make([]*redis.Cmd, len(batch))
-	send := func(g *group, useEval bool, which func(i int) bool) *redis.Cmd {
-		var pipe redis.Pipeliner
-		if g.need > 0 {
-			pipe = g.node.Pipeline()
-		} else {
-			pipe = l.client.Pipeline()
+	l.do(ctx, calls...)
+	for j, c := range calls {
+		r := &results[idx[j]]
+		r.sent = c.sent
+		if c.err != nil {
+			r.err = c.err
+			continue
 		}
-		for _, i := range g.items {
-			if !which(i) {
-				continue
-			}
-			it := batch[i]
-			keys := []string{it.st.lockKey}
-			ttl := max(it.st.ttl.Milliseconds(), 1)
-			if useEval {
-				cmds[i] = renewScript.Eval(ctx, pipe, keys, it.t.Token(), it.t.Fence(), ttl)
-			} else {
-				cmds[i] = renewScript.EvalSha(ctx, pipe, keys, it.t.Token(), it.t.Fence(), ttl)
-			}
-		}
-		var w *redis.Cmd
-		if g.need > 0 {
-			w = pipe.Do(ctx, "wait", g.need, l.cfg.ReplicaTimeout.Milliseconds())
-		}
-		_, _ = pipe.Exec(ctx)
-		return w
-	}
-	noscript := func(i int) bool { return cmds[i] != nil && redis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT") }
-	for _, gk := range order {
-		g := groups[gk]
-		w := send(g, false, func(int) bool { return true })
-		// NOSCRIPT (a restarted or flushed Redis): send those again as EVAL,
-		// which also caches the script for the next round.
-		if slices.ContainsFunc(g.items, noscript) {
-			retry := map[int]bool{}
-			for _, i := range g.items {
-				retry[i] = noscript(i)
-			}
-			w = send(g, true, func(i int) bool { return retry[i] })
-		}
-		var ackErr error
-		if w != nil {
-			ackErr = l.checkAcked(ctx, g.node, g.addr, g.need, w)
-		}
-		for _, i := range g.items {
-			n, err := cmds[i].Int64()
-			results[i] = renewResult{held: err == nil && n == 1, err: err}
-			if err == nil && n == 1 && ackErr != nil {
-				results[i] = renewResult{err: ackErr}
-			}
+		n, err := c.cmd.Int64()
+		switch {
+		case err != nil:
+			r.err = err
+		case n == 1 && c.acked != nil:
+			r.err = c.acked
+		default:
+			r.held = n == 1
 		}
 	}
-	return results, sent
+	return results
 }
 
 // listen is the Locker's one subscription (SUBSCRIBE <prefix>:wake:<id>): a

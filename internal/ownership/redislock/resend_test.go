@@ -46,22 +46,33 @@ func (h *resendHook) take(cmd redis.Cmder) func() {
 
 func (h *resendHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *resendHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		between := h.take(cmd)
-		if between == nil {
-			return next(ctx, cmd)
+	return asProcessHook(h.ProcessPipelineHook, next)
+}
+
+// ProcessPipelineHook sends the pipeline with the armed script twice, as
+// go-redis resends a whole pipeline.
+func (h *resendHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		var between func()
+		var cmd redis.Cmder
+		for _, c := range cmds {
+			if between = h.take(c); between != nil {
+				cmd = c
+				break
+			}
 		}
-		if err := next(ctx, cmd); err == nil {
+		if between == nil {
+			return next(ctx, cmds)
+		}
+		_ = next(ctx, cmds)
+		if cmd.Err() == nil {
 			h.mu.Lock()
 			h.first, _ = cmd.(*redis.Cmd).Result()
 			h.mu.Unlock()
 		}
 		between()
-		return next(ctx, cmd)
+		return next(ctx, cmds)
 	}
-}
-func (h *resendHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 type resendWorld struct {
@@ -256,15 +267,17 @@ func lateRenewalCannotExtendTheNextHolder(t *testing.T, layout redislock.Layout)
 	require.NoError(t, next.Release(ctx))
 }
 
-// holdRenewals keeps every renewal pipeline from Redis (it fails as a
+// holdRenewals keeps every renewal (pipeline) from Redis (it fails as a
 // network error would) and hands the first renewal's command to the test.
 type holdRenewals struct {
 	once     sync.Once
 	captured chan []any
 }
 
-func (h *holdRenewals) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (h *holdRenewals) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *holdRenewals) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *holdRenewals) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return asProcessHook(h.ProcessPipelineHook, next)
+}
 func (h *holdRenewals) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		for _, c := range cmds {

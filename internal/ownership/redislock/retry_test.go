@@ -228,8 +228,10 @@ type holdReplyHook struct {
 	release chan struct{}
 }
 
-func (h *holdReplyHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (h *holdReplyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *holdReplyHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *holdReplyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return asProcessHook(h.ProcessPipelineHook, next)
+}
 func (h *holdReplyHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		err := next(ctx, cmds)

@@ -19,6 +19,8 @@ import (
 //	                        fence    the term's fencing token
 //	                        waiting  '1' once a contender queued during this term: only then
 //	                                 does the release look at the queue and hand off
+//	                        reserved '' when the term began by taking a reservation (below):
+//	                                 the hash was reused, see handoffLua; '' is no reservation
 //	                      or, for handoffMS after a release, only {reserved: Locker id}: the
 //	                      lock is kept for the oldest live waiting Locker (no owner, so no
 //	                      script mistakes it for a held lock)
@@ -68,29 +70,58 @@ func scriptText(src string) string {
 	).Replace(src)
 }
 
-// handoffLua picks the oldest live waiting Locker of the lock key `lock`
-// (its queue and tickets keys are KEYS[2] and KEYS[3]; ticket not
-// expired), reserves the lock for it for HANDOFF_MS and publishes the key
-// on its wake channel. Expired tickets are dropped. The prefix and the key
-// are read back from the lock key's name (<prefix>:{K}:lock; the prefix
-// has no braces). Returns the Locker id, or false when nobody waits.
+// handoffLua reserves the lock KEYS[1] (its queue and tickets keys are
+// KEYS[2] and KEYS[3]) for the oldest live waiting Locker (ticket not
+// expired) for HANDOFF_MS and publishes the key on that Locker's wake
+// channel. Expired tickets are dropped, and so is the Locker gone (false:
+// none), which stops waiting. The prefix and the key are read back from the
+// lock key's name (<prefix>:{K}:lock; the prefix has no braces). Returns the
+// Locker id, or false when nobody waits. The lock hash is deleted (release)
+// or holds only a reservation (leave, which passes on its own: then, with
+// nobody waiting, it is deleted here).
+//
+// Migrations. On the master a slot is migrating away from, a script runs
+// only while all its keys are there, and a command on a key that is not
+// (one it deleted itself, a zset its ZREM emptied) fails the script half-way
+// ("non local key"). So the head is picked before any ZREM, and a lock hash
+// that goes on is reused rather than deleted and made again. (The release
+// declares its ended marker, which never exists before it runs: it never
+// runs there, but is sent again until the slot has moved; see send.go.)
 const handoffLua = `
-local function handoff(lock)
-  local queue, tickets = KEYS[2], KEYS[3]
+local function handoff(gone)
+  local lock, queue, tickets = KEYS[1], KEYS[2], KEYS[3]
   local t = redis.call('time')
   local nowms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local dead = redis.call('zrangebyscore', tickets, '-inf', nowms)
-  if #dead > 0 then
+  if gone then
+    dead[#dead + 1] = gone
+  end
+  local head
+  if #dead == 0 then
+    head = redis.call('zrange', queue, 0, 0)[1]
+  else
+    local isdead = {}
+    for _, d in ipairs(dead) do
+      isdead[d] = true
+    end
+    for _, w in ipairs(redis.call('zrange', queue, 0, #dead)) do
+      if not isdead[w] then
+        head = w
+        break
+      end
+    end
     redis.call('zrem', queue, unpack(dead))
     redis.call('zrem', tickets, unpack(dead))
   end
-  local head = redis.call('zrange', queue, 0, 0)[1]
   if head then
     local prefix, key = string.match(lock, '^(.-):{(.*)}:lock$')
     redis.call('hset', lock, 'reserved', head)
     redis.call('pexpire', lock, HANDOFF_MS)
     redis.call('publish', prefix .. ':wake:' .. head, key)
     return head
+  end
+  if gone then
+    redis.call('del', lock)
   end
   return false
 end
@@ -144,6 +175,9 @@ if cur[1] == ARGV[1] then
   redis.call('pexpire', KEYS[1], ARGV[3])
   return redis.call('hget', KEYS[1], 'fence')
 end
+if cur[2] == '' then
+  cur[2] = false
+end
 local queued = string.byte(ARGV[4]) == 43
 local id
 if cur[2] or queued or (cur[1] and ARGV[4] ~= '0') then
@@ -153,15 +187,20 @@ if cur[1] == false and (cur[2] == false or cur[2] == id) then
   local f = newfence()
   local waiting = false
   if cur[2] or queued then
-    redis.call('zrem', KEYS[3], id)
+    local n = redis.call('zcard', KEYS[3])
+    n = n - redis.call('zrem', KEYS[3], id)
     redis.call('zrem', KEYS[4], id)
-    waiting = redis.call('zcard', KEYS[3]) > 0
-    if cur[2] then
-      redis.call('del', KEYS[1])
-    end
+    waiting = n > 0
   end
-  if waiting then
-    redis.call('hset', KEYS[1], 'owner', ARGV[1], 'replica', ARGV[2], 'fence', f, 'waiting', '1')
+  if waiting or cur[2] then
+    local h = {'owner', ARGV[1], 'replica', ARGV[2], 'fence', f}
+    if waiting then
+      h[#h + 1], h[#h + 2] = 'waiting', '1'
+    end
+    if cur[2] then
+      h[#h + 1], h[#h + 2] = 'reserved', ''
+    end
+    redis.call('hset', KEYS[1], unpack(h))
   else
     redis.call('hset', KEYS[1], 'owner', ARGV[1], 'replica', ARGV[2], 'fence', f)
   end
@@ -206,10 +245,9 @@ return {1, ''}
 
 // releaseScript: KEYS lock, queue, tickets, ended; ARGV token, fence (”:
 // drop whatever term this token holds, leaving no ended marker: the
-// clean-up of a lock nobody holds any more). Ends the term:
-// deletes the lock, marks the term ended for ENDED_MS, and if a contender
-// queued during the term, reserves the lock for the oldest live waiting
-// Locker and wakes it.
+// clean-up of a lock nobody holds any more). Ends the term: marks it ended
+// for ENDED_MS and deletes the lock, and if a contender queued during the
+// term, reserves it for the oldest live waiting Locker and wakes it.
 //
 // Returns 1 when this call or an earlier send of it ended the term (or the
 // Locker id the lock is now reserved for, when this call handed it off), 0
@@ -229,7 +267,7 @@ if ARGV[2] ~= '' then
 end
 redis.call('del', KEYS[1])
 if cur[3] then
-  return handoff(KEYS[1]) or 1
+  return handoff(false) or 1
 end
 return 1
 `)
@@ -239,13 +277,12 @@ return 1
 // made for it passes to the next live waiting Locker (or is dropped).
 // Returns the Locker id the lock is now reserved for, or ”.
 var leaveScript = redis.NewScript(scriptText(handoffLua + `
-redis.call('zrem', KEYS[2], ARGV[1])
-redis.call('zrem', KEYS[3], ARGV[1])
 local cur = redis.call('hmget', KEYS[1], 'owner', 'reserved')
 if cur[1] == false and cur[2] == ARGV[1] then
-  redis.call('del', KEYS[1])
-  return handoff(KEYS[1]) or ''
+  return handoff(ARGV[1]) or ''
 end
+redis.call('zrem', KEYS[2], ARGV[1])
+redis.call('zrem', KEYS[3], ARGV[1])
 return ''
 `))
 

@@ -69,12 +69,21 @@ end
 // acquireRedissonScript: as acquireScript (same KEYS and ARGV), on K. A K
 // that exists without an owner or a reserved field is held by someone
 // else: the caller queues, and the answer names the holder as
-// redisson:<its first field> (Redisson's <client id>:<thread id>).
+// redisson:<its first field> (Redisson's <client id>:<thread id>). Like
+// acquireScript it may run on the master a slot is migrating away from, so
+// it takes a reservation by reusing K (reserved set to the empty string) and counts the
+// queue before leaving it (handoffLua says why). The release and leave
+// scripts of this layout declare Redisson's channel of K among their keys,
+// which never exists: during a migration they get TRYAGAIN until it ends,
+// and never run there.
 var acquireRedissonScript = redis.NewScript(scriptText(fenceLua + `
 local cur = redis.call('hmget', KEYS[1], 'owner', 'reserved')
 if cur[1] == ARGV[1] then
   redis.call('pexpire', KEYS[1], ARGV[3])
   return redis.call('hget', KEYS[1], 'fence')
+end
+if cur[2] == '' then
+  cur[2] = false
 end
 local foreign = cur[1] == false and cur[2] == false and redis.call('exists', KEYS[1]) == 1
 local queued = string.byte(ARGV[4]) == 43
@@ -86,15 +95,20 @@ if not foreign and cur[1] == false and (cur[2] == false or cur[2] == id) then
   local f = newfence()
   local waiting = false
   if cur[2] or queued then
-    redis.call('zrem', KEYS[3], id)
+    local n = redis.call('zcard', KEYS[3])
+    n = n - redis.call('zrem', KEYS[3], id)
     redis.call('zrem', KEYS[4], id)
-    waiting = redis.call('zcard', KEYS[3]) > 0
-    if cur[2] then
-      redis.call('del', KEYS[1])
-    end
+    waiting = n > 0
   end
-  if waiting then
-    redis.call('hset', KEYS[1], 'owner', ARGV[1], 'replica', ARGV[2], 'fence', f, 'waiting', '1')
+  if waiting or cur[2] then
+    local h = {'owner', ARGV[1], 'replica', ARGV[2], 'fence', f}
+    if waiting then
+      h[#h + 1], h[#h + 2] = 'waiting', '1'
+    end
+    if cur[2] then
+      h[#h + 1], h[#h + 2] = 'reserved', ''
+    end
+    redis.call('hset', KEYS[1], unpack(h))
   else
     redis.call('hset', KEYS[1], 'owner', ARGV[1], 'replica', ARGV[2], 'fence', f)
   end

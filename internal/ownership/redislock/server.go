@@ -40,35 +40,6 @@ type serverState struct {
 	warned   bool           // INFO refused: said so once
 }
 
-// node is where a lock key lives: the client to pipeline a script and WAIT
-// on, and the master address that keys serverState.replicas.
-func (l *Locker) node(ctx context.Context, lockKey string) (*redis.Client, string, error) {
-	switch c := l.client.(type) {
-	case *redis.ClusterClient:
-		n, err := c.MasterForKey(ctx, lockKey)
-		if err != nil {
-			return nil, "", err
-		}
-		return n, n.Options().Addr, nil
-	case *redis.Client:
-		return c, "", nil
-	}
-	return nil, "", fmt.Errorf("redislock: WAIT needs a *redis.Client or *redis.ClusterClient, got %T", l.client)
-}
-
-// required is how many replicas must acknowledge a write to master addr.
-func (l *Locker) required(addr string) int {
-	switch {
-	case l.cfg.WaitReplicas == ReplicasNone:
-		return 0
-	case l.cfg.WaitReplicas > 0:
-		return l.cfg.WaitReplicas
-	}
-	l.srv.mu.Lock()
-	defer l.srv.mu.Unlock()
-	return l.srv.replicas[addr]
-}
-
 // usable reads the server's state on first use (and refreshes it in the
 // background when older than serverRefresh), and fails when the eviction
 // policy can evict lock keys.
@@ -203,44 +174,6 @@ func evictionRisk(f map[string]string) error {
 		return nil
 	}
 	return fmt.Errorf("maxmemory-policy %s with maxmemory %d evicts keys with a TTL (every lock has one): set maxmemory-policy noeviction, or give the locks a Redis of their own", policy, maxmem)
-}
-
-// evalAcked runs s and, where replicas must acknowledge writes, WAIT on the
-// same connection in the same round trip. acked is nil, or an
-// ErrUnreplicated error when fewer replicas than required acknowledged (the
-// script ran and its effect is on the master only).
-func (l *Locker) evalAcked(ctx context.Context, s *redis.Script, keys []string, args ...any) (cmd *redis.Cmd, acked, err error) {
-	n, addr, nerr := l.node(ctx, keys[0])
-	need := 0
-	if nerr == nil {
-		need = l.required(addr)
-	} else if l.cfg.WaitReplicas > 0 {
-		return nil, nil, nerr
-	}
-	if need == 0 {
-		cmd := s.Run(ctx, l.client, keys, args...)
-		return cmd, nil, cmd.Err()
-	}
-	run := func(eval bool) (*redis.Cmd, *redis.Cmd) {
-		pipe := n.Pipeline()
-		var c *redis.Cmd
-		if eval {
-			c = s.Eval(ctx, pipe, keys, args...)
-		} else {
-			c = s.EvalSha(ctx, pipe, keys, args...)
-		}
-		w := pipe.Do(ctx, "wait", need, l.cfg.ReplicaTimeout.Milliseconds())
-		_, _ = pipe.Exec(ctx)
-		return c, w
-	}
-	c, w := run(false)
-	if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
-		c, w = run(true)
-	}
-	if c.Err() != nil {
-		return c, nil, c.Err()
-	}
-	return c, l.checkAcked(ctx, n, addr, need, w), nil
 }
 
 // checkAcked turns WAIT's answer into nil or an ErrUnreplicated error. In

@@ -26,7 +26,12 @@ return 0
 // term's). `coordinator lock` times its command's termination by what
 // Redis confirms, and kills at once when the lock is gone or taken over.
 func (l *Locker) LockTTL(ctx context.Context, key string, fence int64) (ttl time.Duration, held bool, err error) {
-	ms, err := lockTTLScript.Run(ctx, l.client, []string{l.lockKey(key)}, fence).Int64()
+	c := newCall(lockTTLScript, false, []string{l.lockKey(key)}, fence)
+	l.do(ctx, c)
+	if c.err != nil {
+		return 0, false, c.err
+	}
+	ms, err := c.cmd.Int64()
 	if err != nil || ms <= 0 {
 		return 0, false, err
 	}
