@@ -27,11 +27,13 @@ test: services-up
 	$(GO) test $(TEST_FLAGS) ./...
 
 ## lint: golangci-lint on the main module (bench/ is a module of its own), a gofmt check, and
-## go vet of the -tags testhooks files, which the linter's production build does not see.
+## go vet of the -tags testhooks (and chaos_sabotage) files, which the linter's production build
+## does not see.
 lint: $(GOLANGCI_LINT)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GOLANGCI_LINT) run ./...
 	$(GO) vet -tags testhooks ./cmd/coordinator ./internal/replica ./internal/billrun
+	$(GO) vet -tags testhooks,chaos_sabotage ./cmd/coordinator ./internal/billrun ./internal/trigger
 
 $(GOLANGCI_LINT):
 	@mkdir -p bin/.golangci-lint

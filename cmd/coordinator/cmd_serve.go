@@ -22,6 +22,12 @@ const (
 	// envTestBatchDelay slows every batch of the kinds that offer it (a Go
 	// duration), so a test can kill or stop the owner mid-run.
 	envTestBatchDelay = "COORDINATOR_TEST_BILLRUN_BATCH_DELAY"
+	// envTestRedisAddrMap makes the lock's Redis client dial each listed
+	// address at another ("host:port=host:port,..."): the chaos verifier
+	// routes every process through proxies of its own, including the
+	// master and replica addresses a Sentinel answers with. Every command
+	// that opens the lock reads it (serve, lock, run, locks).
+	envTestRedisAddrMap = "COORDINATOR_TEST_REDIS_ADDR_MAP"
 )
 
 // runServe runs one replica (internal/replica assembles it) until the first

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -124,6 +125,12 @@ func redisOptions(cfg config.Config) (*redis.UniversalOptions, error) {
 	}
 	if cfg.Lock.RedisPassword != "" {
 		opts.Password = cfg.Lock.RedisPassword
+	}
+	// Test builds only (testhooks): the chaos verifier's proxies.
+	if dial, err := redisTestDialer(cmp.Or(opts.DialTimeout, redislock.DefaultDialTimeout)); err != nil {
+		return nil, err
+	} else if dial != nil {
+		opts.Dialer = dial
 	}
 	if files := cfg.Lock.RedisTLSFiles(); files.Any() {
 		if opts.TLSConfig == nil {

@@ -58,6 +58,9 @@ var checkers = []checker{
 	{"msisdn pool", checkPool},
 	{"replicas", checkReplicas},
 	{"lock runs", checkLockRuns},
+	{"cron ticks", checkCronTicks},
+	{"fenced store", checkFencedWrites},
+	{"in-process fence order", checkInprocFences},
 }
 
 // Check runs every checker over h.
@@ -136,7 +139,8 @@ func checkInvoices(h *History) []Anomaly {
 		}
 		if br.Status == "COMPLETED" && s.Missing > 0 {
 			out = append(out, Anomaly{KindInvoiceMissing, fmt.Sprintf(
-				"period %s is COMPLETED but %d of %d billable subscribers have no invoice%s", s.Period, s.Missing, s.Expected, sample)})
+				"period %s is COMPLETED (owner %s, claim fence %d) but %d of %d billable subscribers have no invoice%s%s; faults during its run: %s",
+				s.Period, br.Owner, br.Fence, s.Missing, s.Expected, sample, h.completionClaim(s.Period, br.EventID), h.faultsDuringRun(s.Period, 4))})
 		}
 		if s.Duplicates > 0 {
 			out = append(out, Anomaly{KindInvoiceDuplicate, fmt.Sprintf(
@@ -152,6 +156,52 @@ func checkInvoices(h *History) []Anomaly {
 		}
 	}
 	return out
+}
+
+// completionClaim is what the period's run.completed (the one bill_runs
+// stored) said about its invoices.
+func (h *History) completionClaim(period, id string) string {
+	for _, e := range h.Events {
+		if e.Type == "run.completed" && e.Subject == "billrun:"+period && (id == "" || e.ID == id) && e.HasPeriodInvoices {
+			return fmt.Sprintf("; its run.completed (%s) said period_invoices_created=%d, repaired=%d", e.Replica, e.PeriodInvoices, e.Repaired)
+		}
+	}
+	return ""
+}
+
+// faultsDuringRun names the faults that overlapped the period's run: from
+// its first logged claim to its last change (bill_runs' change log, commit
+// times).
+func (h *History) faultsDuringRun(period string, max int) string {
+	var from, to time.Time
+	for _, c := range h.BillRunLog {
+		if c.Period != period || c.CommittedAt.Year() <= 1970 {
+			continue
+		}
+		if from.IsZero() || c.CommittedAt.Before(from) {
+			from = c.CommittedAt
+		}
+		if c.CommittedAt.After(to) {
+			to = c.CommittedAt
+		}
+	}
+	if from.IsZero() || h.WallStart.IsZero() {
+		return "unknown (no change of its bill_runs row survived)"
+	}
+	mono := func(t time.Time) int64 { return h.StartNS + t.Sub(h.WallStart).Nanoseconds() }
+	var names []string
+	for _, f := range h.Faults {
+		if f.StartNS <= mono(to) && f.EndNS >= mono(from) && !f.Skipped {
+			names = append(names, fmt.Sprintf("%s@%s on %s", f.Spec.Kind, h.rel(f.StartNS), f.Target))
+		}
+	}
+	if len(names) == 0 {
+		return "none"
+	}
+	if len(names) > max {
+		names = append(names[:max], fmt.Sprintf("and %d more", len(names)-max))
+	}
+	return strings.Join(names, "; ")
 }
 
 // -------------------------------------------------------------- completion
@@ -595,8 +645,9 @@ func checkEvents(h *History) []Anomaly {
 	// consumers drop the copy. Two ids for one period are two completions.
 	completed := map[string][]Event{}
 	seen := map[string]bool{}
+	lost := h.completionsLostWithCommits()
 	for i, e := range h.Events {
-		if e.Type != "run.completed" || !strings.HasPrefix(e.Subject, "billrun:") {
+		if e.Type != "run.completed" || !strings.HasPrefix(e.Subject, "billrun:") || lost[e.ID] {
 			continue
 		}
 		id := e.ID
@@ -669,6 +720,44 @@ func checkEvents(h *History) []Anomaly {
 	return out
 }
 
+// completionsLostWithCommits are the ids of run.completed events whose
+// COMPLETED update PostgreSQL lost: published during a postgres-lost-commits
+// fault's asynchronous window (or within a second after its crash), with an
+// id no surviving bill_runs change stored. The product published them after
+// PostgreSQL acknowledged the commit; the run was then resumed and completed
+// again under a new id. Not the product's doing: excused, and counted.
+func (h *History) completionsLostWithCommits() map[string]bool {
+	type window struct{ from, to time.Time }
+	var ws []window
+	for _, f := range h.Faults {
+		if f.Spec.Kind == FaultPGLostCommits && f.CrashNS > 0 && !h.WallStart.IsZero() {
+			ws = append(ws, window{h.WallStart.Add(time.Duration(f.StartNS - h.StartNS)), h.WallStart.Add(time.Duration(f.CrashNS-h.StartNS) + time.Second)})
+		}
+	}
+	if len(ws) == 0 {
+		return nil
+	}
+	stored := map[string]bool{}
+	for _, c := range h.BillRunLog {
+		stored[c.EventID] = true
+	}
+	for _, b := range h.BillRuns {
+		stored[b.EventID] = true
+	}
+	out := map[string]bool{}
+	for _, e := range h.Events {
+		if e.Type != "run.completed" || !strings.HasPrefix(e.Subject, "billrun:") || e.ID == "" || stored[e.ID] {
+			continue
+		}
+		for _, w := range ws {
+			if !e.Time.Before(w.from) && !e.Time.After(w.to) {
+				out[e.ID] = true
+			}
+		}
+	}
+	return out
+}
+
 // faultsNearWall names faults that started within d after wall time t.
 func (h *History) faultsNearWall(t time.Time, d time.Duration) string {
 	if h.WallStart.IsZero() {
@@ -730,7 +819,7 @@ func checkReplicas(h *History) []Anomaly {
 				r.ID, r.PID, r.Exit, h.rel(r.ExitNS), truncate(strings.Join(r.Tail, " | "), 600))})
 		case r.ShutdownKilled:
 			out = append(out, Anomaly{KindReplicaShutdownHung, fmt.Sprintf(
-				"replica %s (pid %d) did not exit within its shutdown bound after SIGTERM and was killed; last log lines: %s",
+				"replica %s (pid %d) did not exit within its shutdown bound after SIGTERM and was killed (its goroutines, dumped by SIGQUIT, end its log); last log lines: %s",
 				r.ID, r.PID, truncate(strings.Join(r.Tail, " | "), 600))})
 		}
 	}

@@ -337,8 +337,11 @@ func TestPlan(t *testing.T) {
 		end = f.At + estimate(f)
 		require.LessOrEqual(t, end, 300*time.Second-tailQuiet)
 	}
-	for _, k := range AllFaults {
+	for _, k := range ProcessFaults {
 		require.True(t, seen[k], "a 300s phase has every kind: %s missing", k)
+	}
+	for _, k := range NetFaults {
+		require.False(t, seen[k], "network faults have a schedule of their own: %s", k)
 	}
 	s := Plan(42, 120*time.Second, nil, true)
 	require.Equal(t, FaultPauseReplica, s[0].Kind, "sabotage: pause-replica first")
@@ -358,4 +361,39 @@ func TestPlan(t *testing.T) {
 	}
 	_, err := ParseFaultKinds("kill-replica,bogus")
 	require.Error(t, err)
+}
+
+func TestPlanNet(t *testing.T) {
+	a := PlanNet(42, 300*time.Second, nil)
+	require.Equal(t, a, PlanNet(42, 300*time.Second, nil), "a seed gives one schedule")
+	require.NotEqual(t, a, PlanNet(43, 300*time.Second, nil))
+	seen := map[string]bool{}
+	var end time.Duration
+	for _, f := range a {
+		seen[f.Kind] = true
+		require.True(t, isNetFault(f.Kind), f.String())
+		require.GreaterOrEqual(t, f.At, end, "network faults do not overlap each other: %s", f)
+		end = f.At + f.Hold
+		require.LessOrEqual(t, end, 300*time.Second-tailQuiet)
+		switch f.Kind {
+		case FaultPartitionRedis, FaultPartitionAll:
+			require.Greater(t, f.Hold, replicaWatchdogTTL, "a partition from Redis outlasts the lease: %s", f)
+		case FaultLatency:
+			require.GreaterOrEqual(t, f.Latency, 200*time.Millisecond, f.String())
+			require.LessOrEqual(t, f.Latency, 2000*time.Millisecond, f.String())
+			require.Positive(t, f.Jitter, f.String())
+		case FaultPartitionKafka, FaultPartitionPostgres:
+			require.False(t, f.OnWorker, "these cut a replica off: %s", f)
+		}
+		if f.Dep == depKafka {
+			require.False(t, f.OnWorker, "lock workers have no Kafka link: %s", f)
+		}
+	}
+	for _, k := range NetFaults {
+		require.True(t, seen[k], "a 300s phase has every network kind: %s missing", k)
+	}
+	require.Empty(t, PlanNet(42, 300*time.Second, []string{FaultKillReplica}), "no network kind enabled")
+	for _, f := range PlanNet(5, 120*time.Second, []string{FaultSlicer}) {
+		require.Equal(t, FaultSlicer, f.Kind)
+	}
 }

@@ -58,17 +58,47 @@ create table if not exists chaos.bill_run_log (
     owner      text,
     fence      bigint not null,
     lock_fence bigint,
-    op         text   not null
+    op         text   not null,
+    event_id   text
 );
 create or replace function chaos.log_bill_run() returns trigger language plpgsql as $$
 begin
-    insert into chaos.bill_run_log (period, status, owner, fence, lock_fence, op)
-    values (new.period, new.status, new.owner, new.fence, new.lock_fence, tg_op);
+    insert into chaos.bill_run_log (period, status, owner, fence, lock_fence, op, event_id)
+    values (new.period, new.status, new.owner, new.fence, new.lock_fence, tg_op, new.completion_event_id);
     return new;
 end $$;
 drop trigger if exists chaos_bill_run_log on bill_runs;
 create trigger chaos_bill_run_log after insert or update on bill_runs
     for each row execute function chaos.log_bill_run();
+
+-- The fenced store of the in-process lock workers: a write is accepted only
+-- if its fence is at least the highest the key has accepted. The row lock
+-- on fence_state serialises a key's writes, so ids are their commit order.
+create table if not exists chaos.fence_state (
+    key   text primary key,
+    fence bigint not null
+);
+create table if not exists chaos.fenced_writes (
+    id       bigserial primary key,
+    key      text    not null,
+    fence    bigint  not null,
+    holder   text    not null,
+    accepted boolean not null,
+    mono_ns  bigint  not null
+);
+create or replace function chaos.fenced_write(k text, f bigint, who text, ns bigint) returns boolean
+language plpgsql as $$
+declare
+    cur bigint;
+begin
+    insert into chaos.fence_state (key, fence) values (k, f) on conflict (key) do nothing;
+    select fence into cur from chaos.fence_state where key = k for update;
+    if f > cur then
+        update chaos.fence_state set fence = f where key = k;
+    end if;
+    insert into chaos.fenced_writes (key, fence, holder, accepted, mono_ns) values (k, f, who, f >= cur, ns);
+    return f >= cur;
+end $$;
 `
 
 // seedSubscribers bills every subscriber the same way in every period:
@@ -113,10 +143,13 @@ from generate_series(1, $2::int + $3::int) g`, batch, stale, live)
 // sweep intervals, and live ones still held.
 func loadPool(ctx context.Context, pool *pgxpool.Pool, sweepEvery time.Duration) (PoolStat, error) {
 	var s PoolStat
+	// Live reservations are counted in the table, not as the verifier added
+	// them: an insert PostgreSQL lost (postgres-lost-commits) was never there.
 	err := pool.QueryRow(ctx, `
 select count(*) filter (where state = 'RESERVED' and msisdn like '4477%' and reserved_until < now() - $1::interval),
-       count(*) filter (where state = 'RESERVED' and msisdn like '4476%')
-from msisdn_pool`, (2*sweepEvery).String()).Scan(&s.StaleLeft, &s.LiveLeft)
+       count(*) filter (where state = 'RESERVED' and msisdn like '4476%'),
+       count(*) filter (where msisdn like '4476%')
+from msisdn_pool`, (2*sweepEvery).String()).Scan(&s.StaleLeft, &s.LiveLeft, &s.LiveSeeded)
 	return s, err
 }
 
@@ -218,15 +251,29 @@ func runningOwners(ctx context.Context, pool *pgxpool.Pool) (map[string]string, 
 
 func loadBillRunLog(ctx context.Context, pool *pgxpool.Pool) ([]BillRunChange, error) {
 	rows, err := pool.Query(ctx, `select id, period, status, coalesce(owner, ''), fence, coalesce(lock_fence, 0), op,
-       coalesce(pg_xact_commit_timestamp(xmin), 'epoch'::timestamptz)
+       coalesce(pg_xact_commit_timestamp(xmin), 'epoch'::timestamptz), coalesce(event_id, '')
 from chaos.bill_run_log order by id`)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (BillRunChange, error) {
 		var c BillRunChange
-		err := r.Scan(&c.ID, &c.Period, &c.Status, &c.Owner, &c.Fence, &c.LockFence, &c.Op, &c.CommittedAt)
+		err := r.Scan(&c.ID, &c.Period, &c.Status, &c.Owner, &c.Fence, &c.LockFence, &c.Op, &c.CommittedAt, &c.EventID)
 		return c, err
+	})
+}
+
+func loadFencedWrites(ctx context.Context, pool *pgxpool.Pool) ([]FencedWrite, error) {
+	rows, err := pool.Query(ctx, `select id, key, fence, holder, accepted, mono_ns,
+       coalesce(pg_xact_commit_timestamp(xmin), 'epoch'::timestamptz)
+from chaos.fenced_writes order by id`)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (FencedWrite, error) {
+		var w FencedWrite
+		err := r.Scan(&w.ID, &w.Key, &w.Fence, &w.Holder, &w.Accepted, &w.MonoNS, &w.CommittedAt)
+		return w, err
 	})
 }
 

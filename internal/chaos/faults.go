@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -16,14 +17,18 @@ import (
 // ends. A fault that has begun is carried to its end (a paused process is
 // continued, a stopped server started again) even if the phase ends
 // meanwhile; root cancels everything.
-func (r *run) runFaults(phase context.Context) {
+func (r *run) runFaults(phase context.Context, plan []FaultSpec) {
 	root := context.WithoutCancel(phase)
-	for i, f := range r.plan {
+	for i, f := range plan {
 		if !pause(phase, time.Duration(r.hist.StartNS+f.At.Nanoseconds()-Mono())) {
 			return
 		}
 		rec := FaultRecord{Spec: f, StartNS: Mono()}
-		rec.Target, rec.Detail = r.inject(root, i, f)
+		if isNetFault(f.Kind) {
+			rec.Target, rec.Detail = r.injectNet(root, i, f, &rec)
+		} else {
+			rec.Target, rec.Detail = r.inject(root, i, f, &rec)
+		}
 		rec.Skipped = rec.Target == ""
 		rec.EndNS = Mono()
 		r.mu.Lock()
@@ -36,12 +41,16 @@ func (r *run) runFaults(phase context.Context) {
 		if rec.Detail != "" {
 			msg += ": " + rec.Detail
 		}
-		r.logf("fault %d/%d at %s: %s (took %s)", i+1, len(r.plan), r.hist.rel(rec.StartNS), msg, time.Duration(rec.EndNS-rec.StartNS).Round(10*time.Millisecond))
+		stream := "fault"
+		if isNetFault(f.Kind) {
+			stream = "network fault"
+		}
+		r.logf("%s %d/%d at %s: %s (took %s)", stream, i+1, len(plan), r.hist.rel(rec.StartNS), msg, time.Duration(rec.EndNS-rec.StartNS).Round(10*time.Millisecond))
 	}
 }
 
 // inject carries out one fault and says what it hit.
-func (r *run) inject(ctx context.Context, i int, f FaultSpec) (target, detail string) {
+func (r *run) inject(ctx context.Context, i int, f FaultSpec, rec *FaultRecord) (target, detail string) {
 	switch f.Kind {
 	case FaultRedisRestart, FaultRedisFailover, FaultRedisStall:
 		// The takeover goes out as soon as the master answers again, while
@@ -120,6 +129,15 @@ func (r *run) inject(ctx context.Context, i int, f FaultSpec) (target, detail st
 		if f.Hard {
 			sig, how = syscall.SIGQUIT, "immediate shutdown (SIGQUIT)"
 		}
+		if f.AlignTick {
+			// Half a second before the next bill-run cron tick.
+			next := time.Now().Truncate(cronEvery).Add(cronEvery)
+			if time.Until(next) < time.Second {
+				next = next.Add(cronEvery)
+			}
+			pause(ctx, time.Until(next)-500*time.Millisecond)
+			how += fmt.Sprintf(" just before the cron tick at %s", r.hist.relWall(next))
+		}
 		r.pg.halt(sig)
 		pause(ctx, f.Hold)
 		detail = fmt.Sprintf("%s, down %s more, started", how, f.Hold.Round(10*time.Millisecond))
@@ -144,8 +162,97 @@ func (r *run) inject(ctx context.Context, i int, f FaultSpec) (target, detail st
 	case FaultPoisonTrigger, FaultOversized:
 		detail := r.poison(ctx, i, f)
 		return topicBillrun, detail
+
+	case FaultPGLostCommits:
+		return r.loseCommits(ctx, f, rec)
 	}
 	return "", "unknown fault kind"
+}
+
+// loseCommits makes PostgreSQL acknowledge commits it has not written:
+// synchronous_commit off and the WAL writer's longest delay (server-wide, so
+// every session, the verifier's own too, commits asynchronously and nothing
+// flushes the WAL early) for f.Hold, then an immediate shutdown, which
+// discards the WAL still in shared memory. The settings are reset on disk
+// before the crash, so the server comes back synchronous. PostgreSQL loses
+// a suffix of its commit history, the same for every table. With Count > 1
+// (sabotage mode) it does so Count times in a row.
+func (r *run) loseCommits(ctx context.Context, f FaultSpec, rec *FaultRecord) (target, detail string) {
+	target = fmt.Sprintf("postgres (port %d)", r.pg.port)
+	var parts []string
+	for i := 0; i < max(f.Count, 1); i++ {
+		d, lost, err := r.loseCommitsOnce(ctx, f.Hold, f.Down, rec)
+		parts = append(parts, d)
+		if err != nil {
+			break
+		}
+		rec.LostWAL += lost
+	}
+	return target, strings.Join(parts, "; then ")
+}
+
+func (r *run) loseCommitsOnce(ctx context.Context, hold, down time.Duration, rec *FaultRecord) (detail string, lost int64, err error) {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(cctx, r.pg.dsn())
+	if err != nil {
+		return "could not connect: " + err.Error(), 0, err
+	}
+	defer conn.Close(context.Background())
+	for _, q := range []string{
+		`alter system set synchronous_commit = off`,
+		`alter system set wal_writer_delay = '10s'`,
+		`alter system set wal_writer_flush_after = '1GB'`,
+		`select pg_reload_conf()`,
+	} {
+		if _, err := conn.Exec(cctx, q); err != nil {
+			return fmt.Sprintf("%s: %v", q, err), 0, err
+		}
+	}
+	pause(ctx, hold)
+	qctx, qcancel := context.WithTimeout(ctx, 10*time.Second)
+	for _, q := range []string{`alter system reset synchronous_commit`, `alter system reset wal_writer_delay`, `alter system reset wal_writer_flush_after`} {
+		if _, err := conn.Exec(qctx, q); err != nil {
+			detail += fmt.Sprintf("%s: %v; ", q, err)
+		}
+	}
+	// The last moment before the crash: the WAL inserted by then.
+	var insertLSN, flushLSN string
+	err = conn.QueryRow(qctx, `select pg_current_wal_insert_lsn()::text, pg_current_wal_flush_lsn()::text`).Scan(&insertLSN, &flushLSN)
+	qcancel()
+	if err != nil {
+		detail += "reading the WAL position: " + err.Error() + "; "
+	}
+	r.pg.halt(syscall.SIGQUIT)
+	rec.CrashNS = Mono()
+	pause(ctx, down)
+	detail += fmt.Sprintf("commits asynchronous (synchronous_commit=off, wal_writer_delay=10s) for %s, then an immediate shutdown (SIGQUIT) with WAL inserted to %s, flushed to %s; down %s more",
+		hold.Round(10*time.Millisecond), insertLSN, flushLSN, down.Round(10*time.Millisecond))
+	if err := r.startWithRetry(ctx, r.pg.start); err != nil {
+		return detail + ": restart failed: " + err.Error(), 0, err
+	}
+	// Crash recovery ends with a checkpoint: its redo point is where the
+	// surviving WAL ends. (Transaction ids do not tell: a transaction whose
+	// rows reached the WAL but whose commit record did not is lost all the
+	// same, and its id survives.)
+	var lostBytes int64
+	rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer rcancel()
+	if c2, err := pgx.Connect(rctx, r.pg.dsn()); err == nil {
+		err = c2.QueryRow(rctx, `select greatest(0, pg_wal_lsn_diff(coalesce(nullif($1, '')::pg_lsn, redo_lsn), redo_lsn))::bigint
+from pg_control_checkpoint()`, insertLSN).Scan(&lostBytes)
+		c2.Close(context.Background())
+		if err != nil {
+			detail += "; reading the checkpoint: " + err.Error()
+		}
+	}
+	if lostBytes > 0 {
+		detail += fmt.Sprintf("; started: at least %d bytes of WAL (the last commits) did not survive", lostBytes)
+	} else {
+		detail += "; started: the WAL survived up to the crash"
+	}
+	lost = lostBytes
+	return detail, lost, nil
 }
 
 func (r *run) injectRedis(ctx context.Context, f FaultSpec, after func()) (target, detail string) {
@@ -336,6 +443,9 @@ func (r *run) poison(ctx context.Context, i int, f FaultSpec) string {
 // processes continue, servers that are down start, and the replicas are all
 // running again.
 func (r *run) heal(ctx context.Context) {
+	if err := r.net.healAll(); err != nil {
+		r.logf("heal: network: %v", err)
+	}
 	for _, s := range r.slots {
 		s.mu.Lock()
 		inc := s.cur

@@ -23,8 +23,11 @@ type History struct {
 	Faults   []FaultRecord
 	Triggers []TriggerRecord
 	// CronTicks are the bill-run cron ticks that fired while at least one
-	// replica ran, with the period each bills.
+	// replica ran, with the period each bills; CronEvery their interval;
+	// CronLines what the replicas logged about them.
 	CronTicks []CronTick
+	CronEvery time.Duration
+	CronLines []CronLine
 	Poison    []PoisonRecord
 	DLQ       []DLQRecord
 
@@ -38,6 +41,14 @@ type History struct {
 	// StillRunning are helper processes found alive after their holder's
 	// `coordinator lock` had exited (checked shortly after each exit).
 	StillRunning []StillRunning
+
+	// The in-process lock workers' leases, their fenced store's writes (read
+	// back at CheckNS) and how many acquisitions failed (busy: already
+	// owned at the end of the wait; unavailable: Redis unreachable).
+	Inproc            []InprocSection
+	FencedWrites      []FencedWrite
+	InprocBusy        int64
+	InprocUnavailable int64
 
 	// The product's tables, read at CheckNS.
 	BillRuns []BillRunRow
@@ -60,6 +71,23 @@ type FaultRecord struct {
 	Detail  string
 	// Skipped: there was nothing to hit (no replica up, no lock held).
 	Skipped bool
+
+	// Network faults: the host hit (a replica slot r2, a `coordinator lock`
+	// worker lw1, an in-process worker iw0) and the dependencies its links
+	// lead to. Holder: the in-process lease the host held when the fault
+	// began ("iw1-57"), so the report can show it fenced off.
+	Host   string   `json:",omitempty"`
+	Deps   []string `json:",omitempty"`
+	Holder string   `json:",omitempty"`
+	// Replica, Period: the replica hit owned the bill run of Period then.
+	Replica string `json:",omitempty"`
+	Period  string `json:",omitempty"`
+	// Lost commits: commits were asynchronous from StartNS to CrashNS (the
+	// last immediate shutdown); LostWAL is how much WAL, at least, did not
+	// survive the crashes (inserted before the crash, past the end of
+	// recovery): the last commits, the same for every table.
+	CrashNS int64 `json:",omitempty"`
+	LostWAL int64 `json:",omitempty"`
 }
 
 // TriggerRecord is one bill-run trigger the verifier sent.
@@ -79,12 +107,34 @@ type TriggerRecord struct {
 	Replica string
 	// Note says why the trigger was sent ("takeover during pause", "behind poison").
 	Note string
+	// Attempt: 0 for the first, n for the n-th time an HTTP trigger was
+	// sent again (after a 503 or 429, or no answer).
+	Attempt int `json:",omitempty"`
 }
 
-// CronTick is a bill-run cron tick (COORDINATOR_BILLRUN_SCHEDULE).
+// CronTick is a bill-run cron tick (COORDINATOR_BILLRUN_SCHEDULE): its
+// scheduled time (At, wall clock), the period it bills and the replicas
+// that were running (ready, not stopped) when it fired.
 type CronTick struct {
 	AtNS   int64
+	At     time.Time
 	Period string
+	Live   []string
+}
+
+// CronLine is one line of a replica's log about a bill-run cron tick: the
+// first line of each attempt (request id), its trigger_dispatched line(s),
+// cron_catchup_tick (Scheduled: the tick it catches up) and
+// cron_tick_skipped (Scheduled: the tick skipped because the replica's
+// previous tick still ran).
+type CronLine struct {
+	Replica   string
+	Msg       string
+	RequestID string    `json:",omitempty"`
+	Time      time.Time // the replica's log time
+	Outcome   string    `json:",omitempty"`
+	Deferred  bool      `json:",omitempty"`
+	Scheduled time.Time `json:",omitempty"`
 }
 
 // PoisonRecord is a malformed or oversized trigger the verifier produced.
@@ -222,6 +272,40 @@ type BillRunChange struct {
 	LockFence   int64
 	Op          string // INSERT, UPDATE
 	CommittedAt time.Time
+	EventID     string // completion_event_id after the change
+}
+
+// InprocSection is one lease of an in-process lock worker, as the worker
+// saw it: Acquire called at CallNS, returned at AcquiredNS, the lease given
+// up at EndNS (LostNS: when the worker found it had ended without a
+// release), and how its fenced writes went (Unknown: an error, it may have
+// committed).
+type InprocSection struct {
+	Worker     int
+	Key        string
+	Holder     string // iw1-57: worker 1, its 57th acquisition attempt
+	Fence      int64
+	Lease      time.Duration // 0: watchdog
+	CallNS     int64
+	AcquiredNS int64
+	EndNS      int64
+	LostNS     int64 `json:",omitempty"`
+	Accepted   int
+	Refused    int
+	Unknown    int
+}
+
+// FencedWrite is one write the in-process workers' fenced store took: ids
+// are commit order per key; Accepted: its fence was at least the highest
+// the key had accepted.
+type FencedWrite struct {
+	ID          int64
+	Key         string
+	Fence       int64
+	Holder      string
+	Accepted    bool
+	MonoNS      int64
+	CommittedAt time.Time
 }
 
 // BatchRow is a bill_run_batches row.
@@ -279,6 +363,12 @@ type Event struct {
 	Error     string
 	Offset    int64
 	Partition int32
+	// A bill run's run.completed: the invoices of the period it reports
+	// (data.period_invoices_created) and, where the product reports one,
+	// the subscribers it repaired before completing (data.repaired).
+	PeriodInvoices    int64 `json:",omitempty"`
+	HasPeriodInvoices bool  `json:",omitempty"`
+	Repaired          int64 `json:",omitempty"`
 }
 
 // lockFence is the Redis lock token of an event: data.lock_fence where

@@ -90,6 +90,8 @@ func readEvents(ctx context.Context, brokers []string) ([]Event, error) {
 			Offset: rec.Offset, Partition: rec.Partition}
 		e.Fence, _ = num("fence")
 		e.LockFence, e.HasLock = num("lock_fence")
+		e.PeriodInvoices, e.HasPeriodInvoices = num("period_invoices_created")
+		e.Repaired, _ = num("repaired")
 		out = append(out, e)
 	}
 	return out, nil

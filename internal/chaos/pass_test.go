@@ -145,25 +145,36 @@ func runPass(t *testing.T, env ...string) (int, string, Report) {
 	return code, buf.String(), rep
 }
 
-// The sabotage pass: against the chaos_sabotage build (a bill run that
-// ignores its lost lease and skips the batch fence check) the verifier must
-// report the stale commits that build makes and exit non-zero. The faults
-// are the two the sabotage is blind to; the seed is fixed.
+// The sabotage pass: against the chaos_sabotage build the verifier must
+// report what each of its variants does and exit non-zero: a bill run that
+// ignores its lost lease and skips the batch fence check (stale batch
+// commits, after a Redis restart with takeovers), a run completed without
+// reconciling its invoices with the database (invoices missing, after
+// PostgreSQL lost acknowledged commits) and a failed cron tick dropped
+// (after a PostgreSQL outage across a tick). The faults are the ones the
+// sabotage is blind to; the seed is fixed.
 func TestSabotagePassReportsAnomalies(t *testing.T) {
 	dir := binaries(t)
 	prerequisites(t, filepath.Join(dir, "coordinator-sabotage"))
 	code, out, rep := runPass(t,
 		"CHAOS_SABOTAGE=1", "CHAOS_COORDINATOR="+filepath.Join(dir, "coordinator-sabotage"),
-		"CHAOS_DURATION=35", "CHAOS_RECOVERY=15", "CHAOS_SEED=14",
-		"CHAOS_FAULTS="+FaultPauseReplica+","+FaultRedisRestart)
+		"CHAOS_DURATION=65", "CHAOS_RECOVERY=15", "CHAOS_SEED=14",
+		"CHAOS_FAULTS="+FaultRedisRestart+","+FaultPGLostCommits+","+FaultPGRestart)
 	require.Equal(t, 1, code, "exit code of a pass with anomalies:\n%s", out)
 	require.True(t, strings.HasPrefix(out, "chaos: seed 14"), "the seed is printed first")
 	require.Equal(t, VerdictAnomalies, rep.Verdict)
 	require.EqualValues(t, 14, rep.Seed)
-	require.EqualValues(t, 35, rep.DurationS)
-	require.Contains(t, kinds(rep.Anomalies), KindStaleBatchCommit,
+	require.EqualValues(t, 65, rep.DurationS)
+	got := kinds(rep.Anomalies)
+	require.Contains(t, got, KindStaleBatchCommit,
 		"the sabotaged build's stale batch commits are found (a correct build cannot make them)")
-	require.Positive(t, rep.Faults[FaultPauseReplica]+rep.Faults[FaultRedisRestart])
+	require.Contains(t, got, KindInvoiceMissing,
+		"the sabotaged build completes runs over batches PostgreSQL lost (a build that reconciles cannot)")
+	require.Contains(t, got, KindCronTickDropped,
+		"the sabotaged build drops a cron tick it could neither run nor record (a build that retries it cannot)")
+	for _, k := range []string{FaultRedisRestart, FaultPGLostCommits, FaultPGRestart} {
+		require.Positive(t, rep.Faults[k], k)
+	}
 	require.Positive(t, rep.Operations["triggers_accepted"])
 }
 

@@ -156,8 +156,18 @@ func (p *proc) signal(sig syscall.Signal) error {
 // stop sends sig (and SIGCONT, in case it is stopped), waits up to grace,
 // then SIGKILLs and waits. It reports whether the process exited within grace.
 func (p *proc) stop(sig syscall.Signal, grace time.Duration) bool {
+	inTime, _ := p.stopDumping(sig, grace, 0)
+	return inTime
+}
+
+// stopDumping is stop for a Go program: one that outlives grace gets
+// SIGQUIT first (the runtime writes every goroutine's stack to stderr, the
+// log, and exits), up to dumpGrace, so a hung shutdown shows where it hung;
+// then SIGKILL. tail is the output's last lines before the dump (nil when
+// it exited in time).
+func (p *proc) stopDumping(sig syscall.Signal, grace, dumpGrace time.Duration) (inTime bool, tail []string) {
 	if p == nil || p.exited() {
-		return true
+		return true, nil
 	}
 	_ = p.signal(sig)
 	_ = p.cmd.Process.Signal(syscall.SIGCONT)
@@ -165,12 +175,21 @@ func (p *proc) stop(sig syscall.Signal, grace time.Duration) bool {
 	defer t.Stop()
 	select {
 	case <-p.done:
-		return true
+		return true, nil
 	case <-t.C:
+	}
+	tail = p.tailLines(12)
+	if dumpGrace > 0 {
+		_ = p.signal(syscall.SIGQUIT)
+		select {
+		case <-p.done:
+			return false, tail
+		case <-time.After(dumpGrace):
+		}
 	}
 	_ = p.signal(syscall.SIGKILL)
 	<-p.done
-	return false
+	return false, tail
 }
 
 // exitCode is the exit status, 128+signal when killed by a signal, -1 while running.

@@ -82,21 +82,27 @@ func (s *replicaSlot) start() (*replicaInc, error) {
 	s.mu.Unlock()
 	inc := &replicaInc{id: id, ready: make(chan struct{})}
 	var once sync.Once
+	seen := map[string]bool{} // request ids of cron attempts already recorded
 	lines := func(line string) {
-		var l struct {
-			Msg  string `json:"msg"`
-			Addr string `json:"http_addr"`
+		var l replicaLine
+		if json.Unmarshal([]byte(line), &l) != nil {
+			return
 		}
-		if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "coordinator_started" {
+		if l.Msg == "coordinator_started" {
 			once.Do(func() {
 				inc.addr = l.Addr
 				s.r.markReplicaReady(inc)
 				close(inc.ready)
 			})
 		}
+		if c, ok := l.cronLine(id, seen); ok {
+			s.r.mu.Lock()
+			s.r.hist.CronLines = append(s.r.hist.CronLines, c)
+			s.r.mu.Unlock()
+		}
 	}
 	cmd := exec.Command(s.r.cfg.Binaries.Coordinator, "serve")
-	cmd.Env = append(s.r.replicaEnv(), "COORDINATOR_REPLICA_ID="+id)
+	cmd.Env = append(s.r.replicaEnv(s.idx), "COORDINATOR_REPLICA_ID="+id)
 	p, err := startProc("replica "+id, cmd, procOptions{logPath: filepath.Join(s.r.logs, "replica-"+id+".log"), lines: lines})
 	if err != nil {
 		return nil, err
@@ -141,8 +147,9 @@ func (s *replicaSlot) setPaused(inc *replicaInc, paused bool) {
 	}
 }
 
-// stop ends the current incarnation gracefully (SIGTERM, then SIGKILL after
-// bound) and records it.
+// stop ends the current incarnation gracefully (SIGTERM; after bound
+// SIGQUIT, whose goroutine dump lands in its log, then SIGKILL) and records
+// it.
 func (s *replicaSlot) stop(bound time.Duration) {
 	s.mu.Lock()
 	inc := s.cur
@@ -155,11 +162,13 @@ func (s *replicaSlot) stop(bound time.Duration) {
 		return
 	}
 	s.r.markReplicaStopped(inc)
-	inTime := inc.proc.stop(syscall.SIGTERM, bound)
+	inTime, tail := inc.proc.stopDumping(syscall.SIGTERM, bound, 5*time.Second)
 	s.r.recordReplicaExit(inc)
 	if !inTime {
 		s.r.mu.Lock()
-		s.r.hist.Replicas[inc.rec].ShutdownKilled = true
+		rec := &s.r.hist.Replicas[inc.rec]
+		rec.ShutdownKilled = true
+		rec.Tail = tail // its log before the goroutine dump
 		s.r.mu.Unlock()
 	}
 }
@@ -223,4 +232,45 @@ func (r *run) recordReplicaExit(inc *replicaInc) {
 	rec.ExitNS = inc.proc.exitNS
 	rec.Exit = inc.proc.exitCode()
 	rec.Tail = inc.proc.tailLines(12)
+}
+
+// replicaLine is what the verifier reads of a replica's JSON log line.
+type replicaLine struct {
+	Time      time.Time `json:"time"`
+	Msg       string    `json:"msg"`
+	Addr      string    `json:"http_addr"`
+	Job       string    `json:"job"`
+	Trigger   string    `json:"trigger"`
+	RequestID string    `json:"request_id"`
+	Outcome   string    `json:"outcome"`
+	Deferred  bool      `json:"deferred"`
+	Scheduled time.Time `json:"scheduled"`
+}
+
+// cronLine keeps the lines about bill-run cron ticks the tick check needs:
+// an attempt's first line and its trigger_dispatched, catch-ups and skips.
+func (l replicaLine) cronLine(replica string, seen map[string]bool) (CronLine, bool) {
+	if l.Job != "billrun" {
+		return CronLine{}, false
+	}
+	c := CronLine{Replica: replica, Msg: l.Msg, RequestID: l.RequestID, Time: l.Time}
+	switch {
+	case l.Msg == "cron_tick_skipped":
+		c.Scheduled = l.Scheduled
+		return c, true
+	case l.Msg == "cron_catchup_tick":
+		c.Scheduled = l.Scheduled
+		seen[l.RequestID] = true
+		return c, true
+	case l.Trigger != "cron" || l.RequestID == "":
+		return CronLine{}, false
+	case l.Msg == "trigger_dispatched":
+		c.Outcome, c.Deferred = l.Outcome, l.Deferred
+		seen[l.RequestID] = true
+		return c, true
+	case !seen[l.RequestID]:
+		seen[l.RequestID] = true
+		return c, true
+	}
+	return CronLine{}, false
 }

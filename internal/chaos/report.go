@@ -1,10 +1,12 @@
 package chaos
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -79,6 +81,40 @@ func operations(h *History) map[string]int64 {
 		}
 	}
 	ops["acquisitions"] += int64(len(h.Sections)) // lock workers' acquisitions
+	ops["acquisitions"] += int64(len(h.Inproc))   // in-process workers' acquisitions
+	ops["inproc_acquisitions"] = int64(len(h.Inproc))
+	ops["inproc_acquire_busy"] = h.InprocBusy
+	ops["inproc_acquire_unavailable"] = h.InprocUnavailable
+	for _, s := range h.Inproc {
+		if s.LostNS > 0 {
+			ops["inproc_leases_lost"]++
+		}
+	}
+	for _, w := range h.FencedWrites {
+		if w.Accepted {
+			ops["fenced_store_accepted"]++
+		} else {
+			ops["fenced_store_refused"]++
+		}
+	}
+	ops["partition_cutoffs"] = int64(len(h.cutOffs()) + len(h.ownerCutOffs()))
+	for _, v := range h.cronVerdicts() {
+		ops["cron_ticks_"+v.how]++
+	}
+	for _, f := range h.Faults {
+		ops["lost_wal_bytes"] += f.LostWAL
+	}
+	ops["completions_lost_with_commits"] = int64(len(h.completionsLostWithCommits()))
+	// Repairs a completion reported (data.repaired of run.completed, each
+	// event id once): subscribers billed by the reconciliation.
+	repaired := map[string]bool{}
+	for _, e := range h.Events {
+		if e.Type == "run.completed" && e.Repaired > 0 && !repaired[e.ID] {
+			repaired[e.ID] = true
+			ops["runs_repaired"]++
+			ops["subscribers_repaired"] += e.Repaired
+		}
+	}
 	ops["events"] = int64(len(h.Events))
 	periods := map[string]bool{}
 	for _, t := range h.Triggers {
@@ -86,6 +122,9 @@ func operations(h *History) map[string]int64 {
 		ops["triggers_"+t.Source]++
 		if t.Accepted {
 			ops["triggers_accepted"]++
+		}
+		if t.Attempt > 0 {
+			ops["triggers_retried"]++
 		}
 		periods[t.Period] = true
 	}
@@ -133,7 +172,9 @@ func writeReports(dir string, rep Report, h *History, r *run, anomalies []Anomal
 	if err := os.WriteFile(filepath.Join(dir, "report.json"), append(js, '\n'), 0o644); err != nil {
 		return err
 	}
-	plan, _ := json.MarshalIndent(r.plan, "", "  ")
+	all := append(slices.Clone(r.plan), r.netPlan...)
+	slices.SortStableFunc(all, func(a, b FaultSpec) int { return cmp.Compare(a.At, b.At) })
+	plan, _ := json.MarshalIndent(all, "", "  ")
 	if err := os.WriteFile(filepath.Join(dir, "schedule.json"), append(plan, '\n'), 0o644); err != nil {
 		return err
 	}
@@ -170,7 +211,7 @@ func markdown(rep Report, h *History, r *run, anomalies []Anomaly) string {
 	w("Verdict: %s.\n\n", verdict)
 	sab := "no"
 	if r.cfg.Sabotage {
-		sab = "**yes** (the chaos_sabotage build: a bill run ignores a lost lease and skips the batch fence check; anomalies are expected)"
+		sab = "**yes** (the chaos_sabotage build: a bill run ignores a lost lease and skips the batch fence check, completes without reconciling, and a failed cron tick is dropped; anomalies are expected)"
 	}
 	w("| | |\n|---|---|\n")
 	w("| seed | %d |\n| fault phase | %s |\n| recovery bound | %s (quiet phase used: %s) |\n| sabotage | %s |\n| coordinator | `%s` |\n| replicas, lock workers | %d, %d on %d keys |\n| subscribers per period | %d |\n\n",
@@ -191,16 +232,37 @@ func markdown(rep Report, h *History, r *run, anomalies []Anomaly) string {
 	for _, k := range sortedKeys(rep.Faults) {
 		w("| %s | %d |\n", k, rep.Faults[k])
 	}
-	w("\n## Schedule as executed\n\n| at | kind | target | took | what happened |\n|---|---|---|---|---|\n")
-	for _, f := range h.Faults {
+	w("\n## Schedule as executed\n\nTwo schedules run side by side: the process and service faults, and the network faults (each through the target's own proxies).\n\n| at | kind | target | took | what happened |\n|---|---|---|---|---|\n")
+	faults := slices.Clone(h.Faults)
+	slices.SortStableFunc(faults, func(a, b FaultRecord) int { return cmp.Compare(a.StartNS, b.StartNS) })
+	for _, f := range faults {
 		tgt := f.Target
 		if f.Skipped {
 			tgt = "(nothing to hit)"
 		}
 		w("| %s | %s | %s | %s | %s |\n", h.rel(f.StartNS), f.Spec.Kind, mdEscape(tgt), time.Duration(f.EndNS-f.StartNS).Round(10*time.Millisecond), mdEscape(f.Detail))
 	}
-	if len(h.Faults) < len(r.plan) {
-		w("\n%d planned faults did not start before the phase ended (an earlier fault overran its estimate).\n", len(r.plan)-len(h.Faults))
+	if n := len(r.plan) + len(r.netPlan); len(h.Faults) < n {
+		w("\n%d planned faults did not start before the phase ended (an earlier fault overran its estimate).\n", n-len(h.Faults))
+	}
+	if cs, os := h.cutOffs(), h.ownerCutOffs(); len(cs)+len(os) > 0 {
+		w("\n## Lease holders cut off by a partition\n\nA holder cut off from Redis longer than its lease: once a newer holder has written, its writes must be refused (in-process workers: the fenced store, `two_writers_accepted`; bill-run owners: the batch statement's fence check, `stale_batch_commit`).\n\n")
+		for _, c := range cs {
+			w("- %s\n", mdEscape(c.String(h)))
+		}
+		for _, c := range os {
+			w("- %s\n", mdEscape(c.String(h)))
+		}
+	}
+	if vs := h.cronVerdicts(); len(vs) > 0 {
+		n := map[string]int{}
+		for _, v := range vs {
+			n[v.how]++
+		}
+		w("\n## Bill-run cron ticks\n\nA tick every %s; what became of each (ran: an attempt completed the period or found it completed; recorded: deferred to the resumer; superseded: every attempt failed but one went on trying past the middle of the interval; in_flight: an attempt logged no end, its replica died; skipped: every replica still ran an earlier tick; unobserved: no replica logged it; dropped: an anomaly).\n\n| verdict | ticks |\n|---|---|\n", h.CronEvery)
+		for _, k := range sortedKeys(n) {
+			w("| %s | %d |\n", k, n[k])
+		}
 	}
 	w("\n## Operations\n\n| operation | count |\n|---|---|\n")
 	for _, k := range sortedKeys(rep.Operations) {
@@ -279,4 +341,6 @@ var kindDocs = map[string]string{
 	KindReplicaExited:        "a replica exited on its own (crash, fatal error) during the run.",
 	KindReplicaShutdownHung:  "a replica did not finish its graceful shutdown within COORDINATOR_SHUTDOWN_TIMEOUT + 10 s after SIGTERM.",
 	KindLockUsageError:       "`coordinator lock` rejected the verifier's invocation (exit 64): the CLI changed; the verifier must follow.",
+	KindCronTickDropped:      "a bill-run cron tick that fired on the replicas was neither run (completed, or found completed) nor recorded for the resumer by any of them, and no attempt went on trying into the second half of the interval: the tick was dropped (issue 23).",
+	KindTwoWritersAccepted:   "the in-process workers' fenced store accepted a holder's write after a newer holder's write had been accepted for the same key: two writers accepted (equal or backward fences let the old holder back in).",
 }

@@ -41,6 +41,11 @@ type Config struct {
 	// LockWorkers loop `coordinator lock` over LockKeys keys. Defaults 4, 2.
 	LockWorkers int
 	LockKeys    int
+	// InprocWorkers are redislock.Locker workers inside the verifier, each
+	// with proxies of its own, doing fenced writes over InprocKeys keys.
+	// Defaults 4, 2.
+	InprocWorkers int
+	InprocKeys    int
 	// Subscribers billed per period. Default 6000.
 	Subscribers int
 	// Binaries are the programs to run (FindBinaries).
@@ -61,6 +66,12 @@ func (c *Config) defaults() {
 	}
 	if c.LockKeys == 0 {
 		c.LockKeys = 2
+	}
+	if c.InprocWorkers == 0 {
+		c.InprocWorkers = 4
+	}
+	if c.InprocKeys == 0 {
+		c.InprocKeys = 2
 	}
 	if c.Subscribers == 0 {
 		c.Subscribers = 6000
@@ -106,11 +117,13 @@ type run struct {
 	redis *redisSet
 	pg    *pgServer
 	kafka *kafkaServer
+	net   *netLayer
 	pool  *pgxpool.Pool
 	kc    *kgo.Client // producer of triggers
 	slots []*replicaSlot
 
 	plan     []FaultSpec
+	netPlan  []FaultSpec
 	periods  []string // Kafka/HTTP periods, newest first
 	cronSpec string
 	cronP    string
@@ -118,13 +131,17 @@ type run struct {
 	mu         sync.Mutex
 	hist       History
 	locks      map[*lockInc]struct{} // running `coordinator lock` processes
+	inproc     []*inprocWorker
 	introduced []string
 	nextPeriod int
 	reserveN   int
 	staleSeen  int64
-	liveSeen   int64
 
 	workWG sync.WaitGroup // triggers and lock workers
+	// phase ends with the fault phase: no trigger is sent again after it.
+	phase context.Context
+
+	closers []func() error // closed last, at teardown
 }
 
 func (r *run) logf(format string, args ...any) {
@@ -164,6 +181,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	_, _ = rand.Read(tok[:])
 	r.token = hex.EncodeToString(tok[:])
 	r.plan = Plan(cfg.Seed, cfg.Duration, cfg.Faults, cfg.Sabotage)
+	r.netPlan = PlanNet(cfg.Seed, cfg.Duration, cfg.Faults)
 
 	defer r.teardown()
 	if err := r.setup(ctx); err != nil {
@@ -186,10 +204,24 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 func (r *run) setup(ctx context.Context) error {
 	b := r.cfg.Binaries
 	r.logf("starting kafka, redis (master, replica, sentinel) and postgres on free loopback ports")
+	r.net = newNetLayer()
+	// A broker listener per replica slot, advertising the slot's proxy.
+	var listeners []kafkaListener
+	for i := 0; i < r.cfg.Replicas; i++ {
+		port, err := freePort()
+		if err != nil {
+			return err
+		}
+		l, err := r.net.add(replicaHost(i), depKafka, "kafka", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			return err
+		}
+		listeners = append(listeners, kafkaListener{Name: fmt.Sprintf("R%d", i+1), Port: port, Advertised: l.addr()})
+	}
 	kafkaErr := make(chan error, 1)
 	go func() {
 		var err error
-		r.kafka, err = startKafka(ctx, b.Java, b.KafkaLibs, b.KafkaLog4j, filepath.Join(r.work, "kafka"), r.logs)
+		r.kafka, err = startKafka(ctx, b.Java, b.KafkaLibs, b.KafkaLog4j, filepath.Join(r.work, "kafka"), r.logs, listeners)
 		kafkaErr <- err
 	}()
 	var err error
@@ -204,6 +236,9 @@ func (r *run) setup(ctx context.Context) error {
 	}
 	r.logf("redis master 127.0.0.1:%d, replica 127.0.0.1:%d, sentinel 127.0.0.1:%d; postgres 127.0.0.1:%d; kafka 127.0.0.1:%d",
 		r.redis.nodes[0].port, r.redis.nodes[1].port, r.redis.sentinelPort, r.pg.port, r.kafka.port)
+	if err := r.addProxies(); err != nil {
+		return err
+	}
 
 	if out, err := r.coordinatorCmd(ctx, "migrate", "up"); err != nil {
 		return fmt.Errorf("coordinator migrate up: %v: %s", err, lastLines(out, 5))
@@ -240,11 +275,65 @@ func (r *run) setup(ctx context.Context) error {
 		}
 	}
 
+	if err := r.startInproc(ctx); err != nil {
+		return err
+	}
 	r.logf("starting %d replicas of %s", r.cfg.Replicas, r.cfg.Binaries.Coordinator)
 	for i := 0; i < r.cfg.Replicas; i++ {
 		r.slots = append(r.slots, &replicaSlot{r: r, idx: i})
 	}
 	return nil
+}
+
+// Hosts of the network layer: replica slots, `coordinator lock` workers and
+// in-process Locker workers.
+func replicaHost(slot int) string { return fmt.Sprintf("r%d", slot+1) }
+func lockHost(w int) string       { return fmt.Sprintf("lw%d", w) }
+func inprocHost(w int) string     { return fmt.Sprintf("iw%d", w) }
+
+// addProxies gives every host its proxies to Redis (the sentinel and both
+// nodes) and, for replicas and in-process workers, to PostgreSQL. (The
+// replicas' Kafka proxies exist already: the broker advertises them.)
+func (r *run) addProxies() error {
+	redisLinks := func(host string) error {
+		if _, err := r.net.add(host, depRedis, "sentinel", fmt.Sprintf("127.0.0.1:%d", r.redis.sentinelPort)); err != nil {
+			return err
+		}
+		for _, n := range r.redis.nodes {
+			if _, err := r.net.add(host, depRedis, n.name, n.addr()); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	pgLink := func(host string) error {
+		_, err := r.net.add(host, depPostgres, "postgres", fmt.Sprintf("127.0.0.1:%d", r.pg.port))
+		return err
+	}
+	for i := 0; i < r.cfg.Replicas; i++ {
+		if err := errors.Join(redisLinks(replicaHost(i)), pgLink(replicaHost(i))); err != nil {
+			return err
+		}
+	}
+	for w := 0; w < r.cfg.LockWorkers; w++ {
+		if err := redisLinks(lockHost(w)); err != nil {
+			return err
+		}
+	}
+	for w := 0; w < r.cfg.InprocWorkers; w++ {
+		if err := errors.Join(redisLinks(inprocHost(w)), pgLink(inprocHost(w))); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// hostDSN is the PostgreSQL DSN host uses (through its proxy, if it has one).
+func (r *run) hostDSN(host string) string {
+	if ls := r.net.hostLinks(host, depPostgres); len(ls) > 0 {
+		return "postgres://postgres@" + ls[0].addr() + "/postgres?sslmode=disable"
+	}
+	return r.pg.dsn()
 }
 
 // The contract's topics (no prefix: the broker is the verifier's own).
@@ -269,14 +358,28 @@ func baseEnv() []string {
 	return env
 }
 
-// commonEnv is what every coordinator process gets.
-func (r *run) commonEnv() []string {
-	return append(baseEnv(),
-		"COORDINATOR_DATABASE_URL="+r.pg.dsn(),
+// commonEnv is what every coordinator process gets; host ("" for none)
+// names the proxies it reaches its dependencies through.
+func (r *run) commonEnv(host string) []string {
+	brokers := r.kafka.brokers()
+	if ls := r.net.hostLinks(host, depKafka); host != "" && len(ls) > 0 {
+		brokers = []string{ls[0].addr()}
+	}
+	env := baseEnv()
+	if host != "" && len(r.net.hostLinks(host, depRedis)) > 0 {
+		// A test hook of testhooks builds (cmd/coordinator/testhooks.go).
+		env = append(env, "COORDINATOR_TEST_REDIS_ADDR_MAP="+r.net.addrMap(host))
+	}
+	dsn := r.pg.dsn()
+	if host != "" {
+		dsn = r.hostDSN(host)
+	}
+	return append(env,
+		"COORDINATOR_DATABASE_URL="+dsn,
 		"COORDINATOR_LOCK_REDIS_MODE=sentinel",
 		"COORDINATOR_LOCK_REDIS_URL="+r.redis.URL(),
 		"COORDINATOR_LOCK_WAIT_TIME="+lockWaitTime.String(),
-		"COORDINATOR_KAFKA_BROKERS="+strings.Join(r.kafka.brokers(), ","),
+		"COORDINATOR_KAFKA_BROKERS="+strings.Join(brokers, ","),
 		"COORDINATOR_LOG_FORMAT=json",
 		"COORDINATOR_LOG_LEVEL=info",
 		// Round-2 settings, harmless where not yet read: every period the
@@ -286,8 +389,8 @@ func (r *run) commonEnv() []string {
 	)
 }
 
-func (r *run) replicaEnv() []string {
-	return append(r.commonEnv(),
+func (r *run) replicaEnv(slot int) []string {
+	return append(r.commonEnv(replicaHost(slot)),
 		"COORDINATOR_LOCK_WATCHDOG_TIMEOUT="+replicaWatchdogTTL.String(),
 		"COORDINATOR_KAFKA_CREATE_TOPICS=true",
 		"COORDINATOR_HTTP_ADDR=127.0.0.1:0",
@@ -314,7 +417,7 @@ func (r *run) coordinatorCmd(ctx context.Context, args ...string) (string, error
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(cctx, r.cfg.Binaries.Coordinator, args...)
-	cmd.Env = r.commonEnv()
+	cmd.Env = r.commonEnv("")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.CombinedOutput()
 	return string(out), err
@@ -343,17 +446,25 @@ func (r *run) exercise(ctx context.Context) error {
 
 	r.mu.Lock()
 	r.hist.StartNS, r.hist.WallStart = Mono(), time.Now()
+	r.hist.CronEvery = cronEvery
 	r.mu.Unlock()
 	r.logf("fault phase: %s, %d faults planned (seed %d)", r.cfg.Duration, len(r.plan), r.cfg.Seed)
 	phase, endPhase := context.WithTimeout(ctx, r.cfg.Duration)
 	defer endPhase()
+	r.phase = phase
 	r.workWG.Go(func() { r.triggerLoop(phase) })
 	r.workWG.Go(func() { r.cronTicks(phase) })
 	r.workWG.Go(func() { r.reservationFeeder(phase) })
 	for w := 0; w < r.cfg.LockWorkers; w++ {
 		r.workWG.Go(func() { r.lockWorker(phase, w) })
 	}
-	r.runFaults(phase)
+	for _, iw := range r.inproc {
+		r.workWG.Go(func() { iw.loop(phase) })
+	}
+	var faultsWG sync.WaitGroup
+	faultsWG.Go(func() { r.runFaults(phase, r.plan) })
+	faultsWG.Go(func() { r.runFaults(phase, r.netPlan) })
+	faultsWG.Wait()
 	<-phase.Done()
 	if ctx.Err() != nil {
 		return ctx.Err()
@@ -453,6 +564,9 @@ func (r *run) readHistory(ctx context.Context) error {
 	if h.Batches, err = loadBatches(cctx, r.pool); err != nil {
 		return fmt.Errorf("read bill_run_batches: %w", err)
 	}
+	if h.FencedWrites, err = loadFencedWrites(cctx, r.pool); err != nil {
+		return fmt.Errorf("read fenced writes: %w", err)
+	}
 	r.mu.Lock()
 	periods := append([]string{r.cronP}, r.introduced...)
 	r.mu.Unlock()
@@ -462,7 +576,7 @@ func (r *run) readHistory(ctx context.Context) error {
 	if h.Pool, err = loadPool(cctx, r.pool, reaperEvery); err != nil {
 		return fmt.Errorf("read msisdn_pool: %w", err)
 	}
-	h.Pool.StaleSeen, h.Pool.LiveSeeded = r.staleSeen, r.liveSeen
+	h.Pool.StaleSeen = r.staleSeen
 	if h.Events, err = readEvents(cctx, r.kafka.brokers()); err != nil {
 		return fmt.Errorf("read events: %w", err)
 	}
@@ -475,6 +589,9 @@ func (r *run) readHistory(ctx context.Context) error {
 // teardown stops everything still running, by PID.
 func (r *run) teardown() {
 	r.killLocks()
+	for _, iw := range r.inproc {
+		iw.close()
+	}
 	for _, s := range r.slots {
 		s.mu.Lock()
 		inc := s.cur
@@ -498,5 +615,11 @@ func (r *run) teardown() {
 	}
 	if r.redis != nil {
 		r.redis.stop()
+	}
+	if r.net != nil {
+		r.net.close()
+	}
+	for _, c := range r.closers {
+		_ = c()
 	}
 }

@@ -278,10 +278,11 @@ func startPostgres(ctx context.Context, bin, dir, logDir string) (*pgServer, err
 
 func (s *pgServer) start(ctx context.Context) error {
 	cmd, err := localsvc.PostgresCommand(s.bin, s.data, s.port,
-		// fsync off only risks an OS crash; synchronous_commit stays on, or a
-		// crash (immediate shutdown) loses commits already acknowledged,
-		// and the checks would blame the product for lost batches.
-		"synchronous_commit=on",
+		// fsync off only risks an OS crash. synchronous_commit keeps its
+		// default (on): a crash (immediate shutdown) then loses nothing
+		// acknowledged, except during the postgres-lost-commits fault, which
+		// turns it off with ALTER SYSTEM (so it is not set here: a command
+		// line setting would win over ALTER SYSTEM).
 		"max_connections=300", "shared_buffers=128MB", "log_min_messages=warning",
 		"log_line_prefix=%m [%p] ",
 		// Commit times of rows (pg_xact_commit_timestamp): the order in
@@ -340,18 +341,35 @@ type kafkaServer struct {
 	port     int
 	ctrlPort int
 	props    string
+	// extra are listeners of their own, one per replica slot, each
+	// advertising the slot's proxy (netproxy.go).
+	extra []kafkaListener
 
 	mu   sync.Mutex
 	proc *proc
 }
 
+// kafkaListener is a broker listener of its own: clients that connect to
+// it get Advertised in the metadata, so every later connection goes there.
+type kafkaListener struct {
+	Name       string // upper-case listener name, e.g. R1
+	Port       int    // where the broker listens
+	Advertised string // host:port the broker advertises on it
+}
+
 func (k *kafkaServer) brokers() []string { return []string{fmt.Sprintf("127.0.0.1:%d", k.port)} }
 
-func startKafka(ctx context.Context, java, libs, log4j, dir, logDir string) (*kafkaServer, error) {
-	k := &kafkaServer{java: java, libs: libs, log4j: log4j, dir: dir, logs: filepath.Join(logDir, "kafka.log")}
+func startKafka(ctx context.Context, java, libs, log4j, dir, logDir string, extra []kafkaListener) (*kafkaServer, error) {
+	k := &kafkaServer{java: java, libs: libs, log4j: log4j, dir: dir, logs: filepath.Join(logDir, "kafka.log"), extra: extra}
 	var err error
 	if k.port, err = freePort(); err != nil {
 		return nil, err
+	}
+	var listeners, advertised, protocols string
+	for _, l := range extra {
+		listeners += fmt.Sprintf(",%s://127.0.0.1:%d", l.Name, l.Port)
+		advertised += fmt.Sprintf(",%s://%s", l.Name, l.Advertised)
+		protocols += fmt.Sprintf(",%s:PLAINTEXT", l.Name)
 	}
 	if k.ctrlPort, err = freePort(); err != nil {
 		return nil, err
@@ -364,11 +382,11 @@ func startKafka(ctx context.Context, java, libs, log4j, dir, logDir string) (*ka
 	props := fmt.Sprintf(`process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:%[2]d
-listeners=PLAINTEXT://127.0.0.1:%[1]d,CONTROLLER://127.0.0.1:%[2]d
-advertised.listeners=PLAINTEXT://127.0.0.1:%[1]d
+listeners=PLAINTEXT://127.0.0.1:%[1]d,CONTROLLER://127.0.0.1:%[2]d%[4]s
+advertised.listeners=PLAINTEXT://127.0.0.1:%[1]d%[5]s
 inter.broker.listener.name=PLAINTEXT
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT%[6]s
 log.dirs=%[3]s
 num.network.threads=2
 num.io.threads=4
@@ -387,7 +405,7 @@ share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 log.retention.hours=24
 log.segment.bytes=67108864
-`, k.port, k.ctrlPort, data)
+`, k.port, k.ctrlPort, data, listeners, advertised, protocols)
 	if err := os.WriteFile(k.props, []byte(props), 0o644); err != nil {
 		return nil, err
 	}

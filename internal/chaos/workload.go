@@ -30,30 +30,25 @@ func (r *run) planPeriods(now time.Time) {
 	for m := prev.AddDate(0, -1, 0); m.Year() >= 2000; m = m.AddDate(0, -1, 0) {
 		r.periods = append(r.periods, m.Format("2006-01"))
 	}
-	r.cronSpec = cronSpecFor(r.cfg.Duration, now)
+	r.cronSpec = cronSpecFor()
 }
 
-// cronSpecFor fires the bill-run schedule twice, at about 35% and 70% into
-// a fault phase expected to start a few seconds after now, once the
-// replicas are up (seconds field, UTC; its hourly repeats fall outside any
-// run; a tick outside the phase is simply not counted).
-func cronSpecFor(phase time.Duration, now time.Time) string {
-	t1 := now.Add(6*time.Second + phase*35/100).UTC().Truncate(time.Second)
-	t2 := now.Add(6*time.Second + phase*70/100).UTC().Truncate(time.Second)
-	set := func(a, b int) string {
-		if a == b {
-			return strconv.Itoa(a)
-		}
-		return strconv.Itoa(a) + "," + strconv.Itoa(b)
-	}
-	return fmt.Sprintf("CRON_TZ=UTC %s %s %s * * *", set(t1.Second(), t2.Second()), set(t1.Minute(), t2.Minute()), set(t1.Hour(), t2.Hour()))
+// cronEvery is the bill-run schedule's interval: a tick every 10 s, each
+// billing the month before it (the same period all run long), so that many
+// ticks meet the faults and each must run or be recorded (checkCronTicks).
+const cronEvery = 10 * time.Second
+
+// cronSpecFor is the bill-run schedule: every cronEvery, on the second (UTC).
+func cronSpecFor() string {
+	return fmt.Sprintf("CRON_TZ=UTC */%d * * * * *", int(cronEvery.Seconds()))
 }
 
 var cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
 
 // cronTicks records each tick of the bill-run schedule that falls in the
-// fault phase while at least one replica runs: the period it bills must
-// then end COMPLETED, without any other trigger.
+// fault phase while at least one replica runs (ready, not stopped): the
+// replicas that fire it must run it or record it (and then run it), and
+// the period it bills must end COMPLETED, without any other trigger.
 func (r *run) cronTicks(ctx context.Context) {
 	sched, err := cronParser.Parse(r.cronSpec)
 	if err != nil {
@@ -64,15 +59,19 @@ func (r *run) cronTicks(ctx context.Context) {
 		if !pause(ctx, time.Until(t)) {
 			return
 		}
-		if len(r.liveReplicas()) == 0 {
+		live := r.liveReplicas()
+		if len(live) == 0 {
 			r.logf("bill-run cron tick with no replica running")
 			continue
 		}
+		var ids []string
+		for _, inc := range live {
+			ids = append(ids, inc.id)
+		}
 		period := time.Date(t.UTC().Year(), t.UTC().Month(), 1, 0, 0, 0, 0, time.UTC).AddDate(0, -1, 0).Format("2006-01")
 		r.mu.Lock()
-		r.hist.CronTicks = append(r.hist.CronTicks, CronTick{AtNS: Mono(), Period: period})
+		r.hist.CronTicks = append(r.hist.CronTicks, CronTick{AtNS: Mono(), At: t, Period: period, Live: ids})
 		r.mu.Unlock()
-		r.logf("bill-run cron tick (bills %s)", period)
 	}
 }
 
@@ -93,7 +92,6 @@ func (r *run) addReservations(ctx context.Context) error {
 	}
 	r.mu.Lock()
 	r.staleSeen += staleBatch
-	r.liveSeen += liveBatch
 	r.mu.Unlock()
 	return nil
 }
@@ -182,10 +180,40 @@ func (r *run) newPeriod() string {
 	return p
 }
 
-// trigger sends one bill-run trigger and records it.
+// HTTP triggers are sent again the way the contract tells a client to: a
+// 503 or 429 (every one says "retryable": true) after its Retry-After, and
+// a request that reached no replica (its replica died under it) at once,
+// on another replica, up to maxHTTPRetries times while the fault phase
+// lasts (the recovery phase sends nothing).
+const (
+	maxHTTPRetries    = 6
+	defaultRetryAfter = 5 * time.Second
+	maxRetryAfter     = 10 * time.Second
+)
+
+// trigger sends one bill-run trigger, and an HTTP one again while it is
+// refused with an answer to retry; every attempt is a record of its own.
 func (r *run) trigger(ctx context.Context, src, period, id string, pick int, note, avoid string) {
+	for attempt := 0; ; attempt++ {
+		rec, retryAfter := r.triggerOnce(ctx, src, period, id, pick+attempt, note, avoid)
+		rec.Attempt = attempt
+		r.mu.Lock()
+		r.hist.Triggers = append(r.hist.Triggers, rec)
+		r.mu.Unlock()
+		if src != "http" || rec.Accepted || attempt >= maxHTTPRetries ||
+			(rec.Status != 0 && rec.Status != http.StatusServiceUnavailable && rec.Status != http.StatusTooManyRequests) {
+			return
+		}
+		if r.phase == nil || !pause(r.phase, retryAfter) {
+			return
+		}
+	}
+}
+
+func (r *run) triggerOnce(ctx context.Context, src, period, id string, pick int, note, avoid string) (TriggerRecord, time.Duration) {
 	rec := TriggerRecord{Source: src, Period: period, RequestID: id, AtNS: Mono(), Note: note}
 	body, _ := json.Marshal(billRunRequest{Period: period, RequestID: id, RequestedBy: "chaos"})
+	var retryAfter time.Duration
 	switch src {
 	case "kafka":
 		cctx, cancel := context.WithTimeout(ctx, 25*time.Second)
@@ -196,17 +224,17 @@ func (r *run) trigger(ctx context.Context, src, period, id string, pick int, not
 			rec.Error = err.Error()
 		}
 	case "http":
-		rec.Status, rec.Replica, rec.Error = r.postBillRun(ctx, body, pick, avoid)
+		rec.Status, rec.Replica, rec.Error, retryAfter = r.postBillRun(ctx, body, pick, avoid)
 		rec.Accepted = rec.Status == http.StatusAccepted || rec.Status == http.StatusOK || rec.Status == http.StatusConflict
 	}
-	r.mu.Lock()
-	r.hist.Triggers = append(r.hist.Triggers, rec)
-	r.mu.Unlock()
+	return rec, retryAfter
 }
 
 // postBillRun posts to a live replica (pick chooses among them; avoid names
-// one not to use) and returns the status, the replica and an error text.
-func (r *run) postBillRun(ctx context.Context, body []byte, pick int, avoid string) (int, string, string) {
+// one not to use) and returns the status, the replica, an error text and
+// how long to wait before sending it again (Retry-After; 0 without an
+// answer).
+func (r *run) postBillRun(ctx context.Context, body []byte, pick int, avoid string) (int, string, string, time.Duration) {
 	var live []*replicaInc
 	for _, inc := range r.liveReplicas() {
 		if inc.id != avoid {
@@ -214,7 +242,7 @@ func (r *run) postBillRun(ctx context.Context, body []byte, pick int, avoid stri
 		}
 	}
 	if len(live) == 0 {
-		return 0, "", "no replica running"
+		return 0, "", "no replica running", time.Second
 	}
 	inc := live[pick%len(live)]
 	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
@@ -224,10 +252,14 @@ func (r *run) postBillRun(ctx context.Context, body []byte, pick int, avoid stri
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := (&http.Client{Transport: &http.Transport{DisableKeepAlives: true}}).Do(req)
 	if err != nil {
-		return 0, inc.id, err.Error()
+		return 0, inc.id, err.Error(), 0
 	}
 	resp.Body.Close()
-	return resp.StatusCode, inc.id, ""
+	retryAfter := defaultRetryAfter
+	if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && secs >= 0 {
+		retryAfter = min(time.Duration(secs)*time.Second, maxRetryAfter)
+	}
+	return resp.StatusCode, inc.id, "", retryAfter
 }
 
 // ------------------------------------------------------------ lock workers
@@ -293,7 +325,7 @@ func (r *run) lockWorker(ctx context.Context, w int) {
 
 func (r *run) runLock(ctx context.Context, w, n int, key string, lease time.Duration, args []string) {
 	cmd := exec.Command(r.cfg.Binaries.Coordinator, args...)
-	cmd.Env = append(r.commonEnv(),
+	cmd.Env = append(r.commonEnv(lockHost(w)),
 		"COORDINATOR_LOCK_WATCHDOG_TIMEOUT="+lockWatchdogTTL.String(),
 		fmt.Sprintf("COORDINATOR_REPLICA_ID=lw%d-%d", w, n),
 		EnvHelperDSN+"="+r.pg.dsn())
