@@ -45,20 +45,6 @@ const (
 	CountInvoicedCents       = "invoiced_cents"
 )
 
-// sqlLateUsage measures a period's late usage.
-//
-// $1 period.
-const sqlLateUsage = `
-select count(*), coalesce(sum(l.amount), 0)::bigint
-from (select u.total - i.usage_cents - coalesce(a.adjusted, 0) as amount
-      from invoices i
-      cross join lateral (select coalesce(sum(c.amount_cents), 0) as total from usage_charges c
-                          where c.subscriber_id = i.subscriber_id and c.period = i.period) u
-      cross join lateral (select sum(x.amount_cents) as adjusted from invoice_adjustments x
-                          where x.subscriber_id = i.subscriber_id and x.period = i.period) a
-      where i.period = $1 and i.usage_cents is not null) l
-where l.amount <> 0`
-
 // sqlClaimAdjust claims the period's adjustment run: only once its bill run
 // is COMPLETED, with fence+1 on every claim (an adjustment run may be run
 // again when more usage arrives), refused to a lock fence below the one
@@ -139,17 +125,6 @@ set status       = $3,
     updated_at   = clock_timestamp()
 where period = $1 and fence = $2 and status = 'RUNNING'`
 
-// sqlUnbilled counts the period's subscribers with no invoice for it: the
-// population predicate over the instants the bill run recorded, without
-// its cutoff (an anti-join with the period's invoices, invoices_period_brin).
-//
-// $1 period, $2 period start, $3 period end.
-var sqlUnbilled = `
-select count(*)
-from subscribers s
-where ` + population("$2", "$3", "'infinity'::timestamptz") + `
-  and not exists (select from invoices i where i.subscriber_id = s.id and i.period = $1)`
-
 // adjustInvoicing is the invoicing of sqlAdjustInvoices: $1 period, $2
 // adjustment fence, $3 period start, $4 period end, $5 billing zone, $6
 // days in the period; no cutoff.
@@ -189,22 +164,8 @@ func (w *Worker) instants(ctx context.Context, q interface {
 	return *s, *e, *z, nil
 }
 
-// lateUsage measures p's late usage and its unbilled subscribers.
-func (w *Worker) lateUsage(ctx context.Context, p Period) (subscribers, cents, unbilled int64, err error) {
-	if err = w.pool.QueryRow(ctx, sqlLateUsage, p.String()).Scan(&subscribers, &cents); err != nil {
-		return 0, 0, 0, err
-	}
-	start, end, _, err := w.instants(ctx, w.pool, p)
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	err = w.pool.QueryRow(ctx, sqlUnbilled, p.String(), start, end).Scan(&unbilled)
-	return subscribers, cents, unbilled, err
-}
-
 // lateUsageTimeout bounds the late-usage check of an already_completed
-// answer: it reads every invoice of the period (no index leads with the
-// period), which must not hold a trigger's answer for long.
+// answer or of an adjustment run's end.
 const lateUsageTimeout = 10 * time.Second
 
 // lateCheck is what reportLateUsage found.
@@ -225,16 +186,21 @@ func (c lateCheck) into(counts map[string]int64) {
 func (w *Worker) reportLateUsage(ctx context.Context, run *owned.Run, p Period) (lateCheck, bool) {
 	ctx, cancel := context.WithTimeout(ctx, lateUsageTimeout)
 	defer cancel()
-	var c lateCheck
-	var err error
-	c.subscribers, c.cents, c.unbilled, err = w.lateUsage(ctx, p)
+	c, how, err := w.lateUsage(ctx, run, p)
 	if err != nil {
 		run.Log().Warn("billrun_late_usage_check_failed", "period", p.String(), "error", err)
 		return lateCheck{}, false
 	}
-	w.cfg.Metrics.lateUsageChecked(p, c.subscribers)
+	w.reportLate(ctx, run, p, c, how)
+	return c, true
+}
+
+// reportLate says what a late check found: billrun.late_usage when there
+// is late usage or an unbilled subscriber, the gauge either way.
+func (w *Worker) reportLate(ctx context.Context, run *owned.Run, p Period, c lateCheck, how string) {
+	w.cfg.Metrics.lateUsageChecked(p, c.subscribers, how)
 	if c.subscribers == 0 && c.unbilled == 0 {
-		return c, true
+		return
 	}
 	run.Log().Warn("billrun_late_usage", "period", p.String(), CountLateUsageSubscribers, c.subscribers, CountLateUsageCents, c.cents,
 		CountUnbilledSubscribers, c.unbilled)
@@ -243,7 +209,6 @@ func (w *Worker) reportLateUsage(ctx context.Context, run *owned.Run, p Period) 
 		CountUnbilledSubscribers: c.unbilled,
 		"adjust":                 fmt.Sprintf("coordinator run billrun --period %s --adjust", p),
 	})
-	return c, true
 }
 
 // claimAdjust claims p's adjustment run. Without a COMPLETED bill run the

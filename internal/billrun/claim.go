@@ -82,7 +82,55 @@ func (w *Worker) Claim(ctx context.Context, run *owned.Run, req Request) (int64,
 	case err != nil:
 		return 0, transient(fmt.Errorf("billrun: claim %s: %w", p, err))
 	}
+	// The base the completion's late check starts from (late.go). Without
+	// it the first trigger after the completion checks in full.
+	if _, err := w.pool.Exec(ctx, sqlLateBase, p.String()); err != nil {
+		run.Log().Warn("billrun_late_base_not_kept", "period", p.String(), "error", err)
+	}
 	return fence, nil
+}
+
+// AlreadyCompleted answers, before the lock, a trigger for a period whose
+// bill run is COMPLETED (owned.Worker.AlreadyCompleted): one statement reads the
+// row and checks the late usage from the period's kept check (late.go), by
+// index, never reading the period's invoices. The answer is the one Claim
+// gives under the lock: the run that completed it, the period's totals,
+// the late usage and unbilled subscribers (billrun.late_usage when there
+// are any).
+//
+// nil, nil sends the trigger the locked way, which decides as before: an
+// adjustment run (it takes the lock), a period that is not closed (Claim
+// refuses it), no row or a row that is not COMPLETED (Claim takes it), an
+// adjustment run RUNNING (it holds the lock), or no kept check for the
+// row's fence (Claim checks in full and keeps it).
+//
+// Safe without the lock because COMPLETED is final for a trigger: nothing
+// the coordinator does sets a COMPLETED row back (sqlClaim leaves it
+// alone), so an answer read from a COMPLETED row is what Claim would have
+// answered at that instant. A row set back by hand is read as it is: the
+// triggers that read it COMPLETED before the change were answered as
+// before it, as under the lock; those after it go the locked way.
+func (w *Worker) AlreadyCompleted(ctx context.Context, run *owned.Run, req Request) (*owned.CompletedError, error) {
+	p := req.Period
+	if req.Adjust || !p.Valid() || !w.cfg.Calendar.Closed(p) {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, lateUsageTimeout)
+	defer cancel()
+	s, err := w.readLate(ctx, p)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	case s.status != StatusCompleted || s.adjusting || !s.cached:
+		return nil, nil
+	}
+	w.refreshLate(ctx, run, p, s)
+	w.reportLate(ctx, run, p, s.check, lateHowKept)
+	counts := s.counts
+	s.check.into(counts)
+	return &owned.CompletedError{Owner: s.owner, Fence: s.fence, Counts: counts}, nil
 }
 
 // transient marks err retryable for the template (owned.Retryable) when

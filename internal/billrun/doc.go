@@ -11,8 +11,9 @@
 // run.go (a run, and its end), progress.go (the progress total),
 // complete.go (what COMPLETED proves: reconcile, repair, complete),
 // completion.go (run.completed at least once), adjust.go (late usage,
-// unbilled subscribers and adjustment runs), status.go, metrics.go, seed.go (test and demo data),
-// sql.go; testhooks.go, sabotage.go and sabotage_chaos.go by build tag
+// unbilled subscribers and adjustment runs), late.go (the late check kept
+// per period, answered before the lock), status.go, metrics.go, seed.go
+// (test and demo data), sql.go; testhooks.go, sabotage.go and sabotage_chaos.go by build tag
 // (TestDocListsEveryFile keeps this list whole).
 //
 // # Billing periods
@@ -47,6 +48,12 @@
 //
 // For a period P ("2026-11", see ParsePeriod):
 //
+//  0. Before the lock, the template asks AlreadyCompleted (claim.go): a
+//     COMPLETED row with a kept late check for its fence (late.go), and no
+//     adjustment run RUNNING, is answered run.already_completed (data
+//     before_lock) from one statement, with the late usage; nothing is
+//     acquired. COMPLETED is final (nothing here sets it back), so the
+//     answer is Claim's. Anything else goes on to the lock.
 //  1. The template acquires the ownership lock billrun:P in watchdog mode.
 //     Contended: event ownership.already_owned naming the owner, outcome
 //     already_owned.
@@ -219,8 +226,10 @@
 // adjustments cover: an amount, so the order in which usage transactions
 // commit does not matter. A subscriber of P with no invoice at all (created
 // after the cutoff, or backdated into P after its batch) is unbilled. A
-// trigger that finds P COMPLETED measures both (sqlLateUsage, sqlUnbilled)
-// and reports them: billrun.late_usage, the gauge
+// trigger that finds P COMPLETED measures both and reports them, without
+// reading P's invoices (late.go: the subscribers late at P's kept check and
+// those changed since, by index; a completion keeps the first check, a
+// period without one is checked in full once, under the lock): billrun.late_usage, the gauge
 // coordinator_billrun_late_usage_subscribers{period}, and the counts
 // late_usage_subscribers, late_usage_cents and unbilled_subscribers. An
 // adjustment run (Request Adjust; `coordinator run billrun --period P

@@ -43,7 +43,54 @@ func Reconcile(ctx context.Context, pool *pgxpool.Pool, p Period, start, end, cu
 	if _, err := tx.Exec(ctx, `select set_config('enable_nestloop', 'off', true), set_config('jit', 'off', true)`); err != nil {
 		return 0, 0, err
 	}
-	var invoiced int64
-	err = tx.QueryRow(ctx, sqlReconcile, p.String(), start, end, cutoff).Scan(&population, &missing, &invoiced)
+	var (
+		invoiced int64
+		unbilled []int64
+	)
+	err = tx.QueryRow(ctx, sqlReconcile, p.String(), start, end, cutoff).Scan(&population, &missing, &invoiced, &unbilled)
 	return population, missing, err
+}
+
+// sqlLateUsageReference and sqlUnbilledReference are the late-usage check as
+// it was before issue 28 (adjust.go's sqlLateUsage and sqlUnbilled): every
+// invoice of the period, and the population (no cutoff) anti-joined with
+// them. The tests hold the check to them.
+const sqlLateUsageReference = `
+select count(*), coalesce(sum(l.amount), 0)::bigint
+from (select u.total - i.usage_cents - coalesce(a.adjusted, 0) as amount
+      from invoices i
+      cross join lateral (select coalesce(sum(c.amount_cents), 0) as total from usage_charges c
+                          where c.subscriber_id = i.subscriber_id and c.period = i.period) u
+      cross join lateral (select sum(x.amount_cents) as adjusted from invoice_adjustments x
+                          where x.subscriber_id = i.subscriber_id and x.period = i.period) a
+      where i.period = $1 and i.usage_cents is not null) l
+where l.amount <> 0`
+
+var sqlUnbilledReference = `
+select count(*)
+from subscribers s
+where ` + population("$2", "$3", "'infinity'::timestamptz") + `
+  and not exists (select from invoices i where i.subscriber_id = s.id and i.period = $1)`
+
+// LateReference is what the check before issue 28 finds in period p, with
+// the instants its bill run recorded: late usage subscribers, their cents,
+// unbilled subscribers.
+func LateReference(ctx context.Context, pool *pgxpool.Pool, p Period) (subscribers, cents, unbilled int64, err error) {
+	if err = pool.QueryRow(ctx, sqlLateUsageReference, p.String()).Scan(&subscribers, &cents); err != nil {
+		return 0, 0, 0, err
+	}
+	var start, end time.Time
+	if err = pool.QueryRow(ctx, `select period_start, period_end from bill_runs where period = $1`, p.String()).Scan(&start, &end); err != nil {
+		return 0, 0, 0, err
+	}
+	err = pool.QueryRow(ctx, sqlUnbilledReference, p.String(), start, end).Scan(&unbilled)
+	return subscribers, cents, unbilled, err
+}
+
+// ExplainKeptCheck is the plan (EXPLAIN (ANALYZE, FORMAT JSON)) of the kept
+// late check of period p (sqlLateCached).
+func ExplainKeptCheck(ctx context.Context, pool *pgxpool.Pool, p Period) (string, error) {
+	var plan string
+	err := pool.QueryRow(ctx, "explain (analyze, format json) "+sqlLateCached, p.String(), p.Start(time.UTC), p.End(time.UTC)).Scan(&plan)
+	return plan, err
 }

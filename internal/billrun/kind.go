@@ -161,7 +161,7 @@ func (k *kind) open(d owned.Deps) (owned.Worker[Request], error) {
 	}
 	w := &Worker{pool: d.DB, cfg: cfg}
 	return owned.Worker[Request]{
-		Run: w.Run, Claim: w.Claim, Schedule: w.Schedule(), Tick: w.Tick, Status: w.Status, Observe: w.Observe,
+		Run: w.Run, Claim: w.Claim, AlreadyCompleted: w.AlreadyCompleted, Schedule: w.Schedule(), Tick: w.Tick, Status: w.Status, Observe: w.Observe,
 		Incomplete: w.Incomplete,
 		Completions: &owned.Completions[Request]{
 			Records: w.RecordsCompletion, Published: w.CompletionPublished, Unpublished: w.UnpublishedCompletions,

@@ -19,6 +19,7 @@ type Metrics struct {
 	conflicts   prometheus.Counter
 	runningRuns prometheus.Gauge
 	lateUsage   *prometheus.GaugeVec
+	lateChecks  *prometheus.CounterVec
 	adjustments prometheus.Counter
 	// The completion's reconcile (complete.go). Unlabelled counters: they
 	// exist at 0 from registration, so an alert's increase() sees the
@@ -77,6 +78,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "coordinator_billrun_late_usage_subscribers",
 			Help: "Subscribers of a COMPLETED period with usage no invoice or adjustment covers, as last checked (a trigger answered already_completed, or an adjustment run ended).",
 		}, []string{"period"}),
+		lateChecks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "coordinator_billrun_late_checks_total",
+			Help: "Late-usage checks of COMPLETED periods, by how they were answered: kept (the subscribers late at the period's last check and those changed since, by index) or full (every invoice of the period).",
+		}, []string{"how"}),
 		adjustments: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "coordinator_billrun_adjustments_created_total",
 			Help: "Invoice adjustments inserted by adjustment runs (late usage).",
@@ -110,8 +115,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		job.OutcomeUnavailable, job.OutcomeLost, job.OutcomeFailed} {
 		m.runs.WithLabelValues(string(o))
 	}
+	for _, how := range []string{lateHowKept, lateHowFull} {
+		m.lateChecks.WithLabelValues(how) // both series from the start
+	}
 	if reg != nil {
-		reg.MustRegister(m.runs, m.batches, m.phase, m.invoices, m.already, m.conflicts, m.runningRuns, m.lateUsage, m.adjustments,
+		reg.MustRegister(m.runs, m.batches, m.phase, m.invoices, m.already, m.conflicts, m.runningRuns, m.lateUsage, m.lateChecks, m.adjustments,
 			m.repairedSubs, m.unreconciled, m.emptyPops, m.reconcileTime, m.adjustInvoices)
 	}
 	return m
@@ -155,9 +163,10 @@ func (m *Metrics) running(delta float64) {
 	}
 }
 
-func (m *Metrics) lateUsageChecked(p Period, subscribers int64) {
+func (m *Metrics) lateUsageChecked(p Period, subscribers int64, how string) {
 	if m != nil {
 		m.lateUsage.WithLabelValues(p.String()).Set(float64(subscribers))
+		m.lateChecks.WithLabelValues(how).Inc()
 	}
 }
 

@@ -271,8 +271,11 @@ func TestRerunAfterCompletionWritesNothing(t *testing.T) {
 	require.Equal(t, 0, res.Outcome.ExitCode())
 	require.Equal(t, int64(1), res.Fence)
 	require.Equal(t, before, snapshot(), "an already completed run writes nothing")
-	require.Equal(t, []events.Type{events.OwnershipAcquired, events.RunAlreadyCompleted, events.OwnershipReleased}, types(b.rec.Events()))
-	require.Equal(t, before[0], b.rec.OfType(events.RunAlreadyCompleted)[0].Extra["period_invoices_created"])
+	// Answered before the lock (issue 28): nothing acquired, nothing released.
+	require.Equal(t, []events.Type{events.RunAlreadyCompleted}, types(b.rec.Events()))
+	done := b.rec.OfType(events.RunAlreadyCompleted)[0]
+	require.Equal(t, before[0], done.Extra["period_invoices_created"])
+	require.Equal(t, true, done.Extra[owned.DataBeforeLock])
 }
 
 func TestPreexistingInvoicesAreReportedAsAlreadyInvoiced(t *testing.T) {

@@ -370,15 +370,21 @@ for no key update`
 // subscribers against the period's invoices, found by
 // invoices_period_brin, 00016, set-based), and the period's invoices: as
 // uidx_invoices_sub_period allows one per subscriber, those beyond the
-// population's are invoices of subscribers outside it.
+// population's are invoices of subscribers outside it. In the same pass it
+// lists the subscribers of the period created after the cutoff that have
+// no invoice (the unbilled side of the late check the completion keeps,
+// late.go): the population without the cutoff is the same predicate less
+// created_at.
 //
 // $1 period, $2 period start, $3 period end, $4 cutoff.
 var sqlReconcile = `
-select count(*), count(*) filter (where i.subscriber_id is null),
-       (select count(*) from invoices where period = $1)
+select count(*) filter (where s.created_at <= $4),
+       count(*) filter (where s.created_at <= $4 and i.subscriber_id is null),
+       (select count(*) from invoices where period = $1),
+       coalesce(array_agg(s.id) filter (where s.created_at > $4 and i.subscriber_id is null), '{}')
 from subscribers s
 left join invoices i on i.subscriber_id = s.id and i.period = $1
-where ` + population("$2", "$3", "$4")
+where ` + population("$2", "$3", "'infinity'::timestamptz")
 
 // sqlOutsidePopulation lists the first $5 subscriber ids of the period's
 // invoices whose subscriber is not in its population at the cutoff (or no

@@ -43,7 +43,7 @@ func TestUpIsIdempotentAndDownReverses(t *testing.T) {
 	applied, err := m.Up(ctx)
 	require.NoError(t, err)
 	require.Len(t, applied, pending)
-	require.Equal(t, []string{"bill_run_adjustments", "bill_run_batches", "bill_run_totals", "bill_runs", "console_sessions", "invoice_adjustments", "invoices", "msisdn_pool", "ownership_events", "replica_heartbeats", "run_history", "run_requests", "subscribers", "usage_charges"}, tables(t, pg.Pool))
+	require.Equal(t, []string{"bill_run_adjustments", "bill_run_batches", "bill_run_changes", "bill_run_late", "bill_run_totals", "bill_runs", "console_sessions", "invoice_adjustments", "invoices", "msisdn_pool", "ownership_events", "replica_heartbeats", "run_history", "run_requests", "subscribers", "usage_charges"}, tables(t, pg.Pool))
 
 	again, err := m.Up(ctx)
 	require.NoError(t, err)
@@ -70,7 +70,7 @@ func TestUpIsIdempotentAndDownReverses(t *testing.T) {
 	// And forward again: down really reversed everything.
 	_, err = m.Up(ctx)
 	require.NoError(t, err)
-	require.Len(t, tables(t, pg.Pool), 14)
+	require.Len(t, tables(t, pg.Pool), 16)
 }
 
 func TestContractColumnsAcceptMinimalInserts(t *testing.T) {

@@ -107,6 +107,9 @@ func TestCheckKindCatchesBrokenKinds(t *testing.T) {
 			w.Status = func(context.Context, string) (any, error) { return nil, nil }
 		}, ok, "Def.StatusID is not set"},
 		{"Schedule without Tick", func(_ *owned.Def[p], w *owned.Worker[p]) { w.Schedule = "@every 1m" }, ok, "no Tick"},
+		{"AlreadyCompleted without Claim", func(_ *owned.Def[p], w *owned.Worker[p]) {
+			w.AlreadyCompleted = func(context.Context, *owned.Run, p) (*owned.CompletedError, error) { return nil, nil }
+		}, ok, "AlreadyCompleted and no Claim"},
 		{"HTTP takes unknown fields", func(d *owned.Def[p], _ *owned.Worker[p]) {
 			d.Decode = func(owned.Input) (p, error) { return p{N: 2}, nil }
 		}, ok, "unknown field is not refused"},

@@ -180,6 +180,7 @@ type worker struct {
 	run         func(ctx context.Context, run *Run, p Params) (Report, error)
 	lease       func(p Params) Lease
 	claim       func(ctx context.Context, run *Run, p Params) (int64, error)
+	completed   func(ctx context.Context, run *Run, p Params) (*CompletedError, error)
 	schedule    string
 	tick        func(at time.Time) (Params, error)
 	status      func(ctx context.Context, id string) (any, error)
@@ -225,6 +226,15 @@ func (k *def[P]) open(d Deps) (*worker, error) {
 				return 0, err
 			}
 			return w.Claim(ctx, run, v)
+		}
+	}
+	if w.AlreadyCompleted != nil {
+		out.completed = func(ctx context.Context, run *Run, p Params) (*CompletedError, error) {
+			v, err := k.params(p)
+			if err != nil {
+				return nil, err
+			}
+			return w.AlreadyCompleted(ctx, run, v)
 		}
 	}
 	if w.Tick != nil {
@@ -289,6 +299,8 @@ func (k *def[P]) checkWorker(w Worker[P]) error {
 		return fail("its Worker has a Status and Def.StatusID is not set: GET %s/{id} would never be routed", d.Spec.HTTPPath)
 	case d.StatusID != nil && d.Spec.HTTPPath == "":
 		return fail("Def.StatusID needs an HTTPPath")
+	case w.AlreadyCompleted != nil && w.Claim == nil:
+		return fail("its Worker has AlreadyCompleted and no Claim: only a claimed run can be complete before its lock")
 	case w.Incomplete != nil && d.Encode == nil:
 		return fail("its Worker has Incomplete and Def has no Encode: the resumer records requests as Encode gives them")
 	}

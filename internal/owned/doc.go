@@ -25,14 +25,17 @@
 // like a Kafka record's or an HTTP body's. Everything else a kind can ask
 // of the template is a field of Def or of the Worker that Open returns,
 // and nowhere else: Worker.Lease (explicit lease, minimum hold), Claim (a
-// fenced claim in the kind's store), Schedule and Tick (cron), Status with
+// fenced claim in the kind's store), AlreadyCompleted (a look before
+// the lock that answers already_completed for work nothing undoes),
+// Schedule and Tick (cron), Status with
 // Def.StatusID (GET HTTPPath/{id}), Observe (metrics of its own),
 // Incomplete (resumable: its incomplete runs, for the resumer),
 // Completions (its store records Kafka's acknowledgement of
 // run.completed, so the resumer re-publishes one lost with a crash: at
 // least once, same id); Def.RecordLockKey names a rejected record's key. A
 // Worker that declares one half of a pair (Status without StatusID, a
-// Schedule without Tick) is refused when it is opened. A RejectError
+// Schedule without Tick, AlreadyCompleted without Claim) is refused when
+// it is opened. A RejectError
 // marked Unprocessable is answered 422 over HTTP.
 //
 // A kind's settings are a Config of its own package, given when the kind
@@ -48,7 +51,10 @@
 //
 // # A run
 //
-//	Begin:   acquire key ──✗──▶ already_owned (owner named) | unavailable | failed    (nothing ran)
+//	Begin:   Worker.AlreadyCompleted ──✓──▶ already_completed, before_lock (nothing acquired)
+//	           │ cannot tell
+//	           ▼
+//	         acquire key ──✗──▶ already_owned (owner named) | unavailable | failed    (nothing ran)
 //	           │ ownership.acquired
 //	           ▼
 //	         Claim (Worker.Claim) ──✗──▶ already_completed | lost | failed    (released)

@@ -91,6 +91,23 @@ type Worker[P any] struct {
 	// classified like Run's.
 	Claim func(ctx context.Context, run *Run, p P) (fence int64, err error)
 
+	// AlreadyCompleted looks, before the lock is taken, whether a run with
+	// p has nothing to do for good, so that a repeated trigger (a
+	// redelivery, a replay, a cron tick on every replica) is answered at
+	// the rate the kind's store answers one read, without queueing on the
+	// lock behind the other repeats (a bill run of a COMPLETED period). It
+	// returns a *CompletedError naming the run that completed the work,
+	// with its counts: outcome already_completed, run.already_completed
+	// with data.before_lock, nothing acquired. nil, nil when it cannot
+	// tell; an error is logged. Either way the run goes the locked way
+	// (acquire, Claim), which is the authority. run holds no lease: its
+	// events carry no lock fence. Requires Claim.
+	//
+	// Only for work whose completion is final (nothing the coordinator
+	// does undoes it), so that the answer read without the lock is the one
+	// Claim would give under it at that instant.
+	AlreadyCompleted func(ctx context.Context, run *Run, p P) (*CompletedError, error)
+
 	// Schedule is a robfig/cron spec (internal/cronspec): every replica
 	// ticks, the lock decides which one works. Empty: not scheduled. Tick
 	// gives the P of a tick at at, in the schedule's time zone; required

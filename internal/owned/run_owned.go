@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 
 	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
@@ -67,6 +68,9 @@ func (r *Runner) Begin(ctx context.Context, k Kind, p Params, t job.Trigger) (*O
 	case !strings.HasPrefix(key, spec.Name+":"):
 		return nil, o.fail(ctx, fmt.Errorf("owned: kind %q locks %q, outside its namespace %q", spec.Name, key, spec.Name+":"))
 	}
+	if res, done := o.alreadyCompleted(ctx); done {
+		return nil, res
+	}
 	if o.worker.lease != nil {
 		o.lease = o.worker.lease(p)
 	}
@@ -92,6 +96,37 @@ func (r *Runner) Begin(ctx context.Context, k Kind, p Params, t job.Trigger) (*O
 	o.run.log = o.run.log.With("fence", fence)
 	o.run.log.Info("run_claimed", "owner", r.replica, "lock_fence", o.run.lockFence)
 	return o, o.res
+}
+
+// DataBeforeLock marks a run.already_completed answered before the lock
+// was taken (Worker.AlreadyCompleted): nothing was acquired, so no lock
+// fence.
+const DataBeforeLock = "before_lock"
+
+// alreadyCompleted asks the kind's AlreadyCompleted, before the lock,
+// whether the run is complete for good. done: the run ended
+// already_completed, with its events emitted; otherwise the lock is taken
+// as ever (the kind's error is logged).
+func (o *Owned) alreadyCompleted(ctx context.Context) (job.Result, bool) {
+	if o.worker.completed == nil {
+		return job.Result{}, false
+	}
+	cctx, span := o.run.child(ctx, "run.check")
+	ce, err := o.worker.completed(cctx, o.run, o.params)
+	if err != nil || ce == nil {
+		if err != nil {
+			span.SetStatus(codes.Error, err.Error())
+			o.run.log.Warn("run_check_failed", "error", err, "detail", "taking the lock")
+		}
+		span.End()
+		return job.Result{}, false
+	}
+	span.SetAttributes(attribute.String("coordinator.claim", "already_completed"), AttrOwner.String(ce.Owner), AttrFence.Int64(ce.Fence))
+	span.End()
+	o.res.Owner, o.res.Fence, o.res.Counts = ce.Owner, ce.Fence, ce.Counts
+	o.run.send(ctx, events.RunAlreadyCompleted, ce.Fence, ce.Owner, countsData(ce.Counts, map[string]any{DataBeforeLock: true}))
+	o.run.log.Info("run_already_completed", "owner", ce.Owner, "fence", ce.Fence, DataBeforeLock, true)
+	return o.end(job.OutcomeAlreadyCompleted), true
 }
 
 // acquire takes the lock; false means o.res is final.

@@ -291,6 +291,51 @@ func TestClaim(t *testing.T) {
 		require.Equal(t, int64(9), evs[1].Extra["total"])
 		b.requireNoLocks(t)
 	})
+	t.Run("already completed, answered before the lock", func(t *testing.T) {
+		t.Parallel()
+		claimed := 0
+		w := &ownedtest.Widget{
+			Claim: func(context.Context, *owned.Run, int) (int64, error) { claimed++; return 1, nil },
+			AlreadyCompleted: func(_ context.Context, r *owned.Run, n int) (*owned.CompletedError, error) {
+				require.Zero(t, r.LockFence(), "no lock is held while the kind looks")
+				if n == 1 {
+					return &owned.CompletedError{Owner: "replica-z", Fence: 7, Counts: map[string]int64{"total": 9}}, nil
+				}
+				if n == 2 {
+					return nil, errors.New("store down")
+				}
+				return nil, nil
+			},
+		}
+		b := setup(t, w)
+		b.locker.SetUnavailable(true) // the lock cannot be taken: only an answer before it completes
+		res := b.run(context.Background(), 1)
+		require.Equal(t, job.OutcomeAlreadyCompleted, res.Outcome, res.Error)
+		require.Equal(t, "replica-z", res.Owner)
+		require.Equal(t, int64(7), res.Fence)
+		require.Equal(t, map[string]int64{"total": 9}, res.Counts)
+		require.Zero(t, claimed)
+		require.Zero(t, w.Runs())
+		evs := b.rec.Events()
+		require.Equal(t, []events.Type{events.RunAlreadyCompleted}, types(evs), "nothing acquired, nothing released")
+		require.Equal(t, "replica-z", evs[0].Owner)
+		require.Equal(t, int64(7), evs[0].Fence)
+		require.Equal(t, int64(9), evs[0].Extra["total"])
+		require.Equal(t, true, evs[0].Extra[owned.DataBeforeLock])
+		require.NotContains(t, evs[0].Extra, "lock_fence")
+		require.Equal(t, []job.Outcome{job.OutcomeAlreadyCompleted}, outcomes(w.Results()))
+
+		// The kind cannot tell, or fails to: the lock decides.
+		for _, n := range []int{2, 3} {
+			res = b.run(context.Background(), n)
+			require.Equal(t, job.OutcomeUnavailable, res.Outcome, "n=%d", n)
+		}
+		b.locker.SetUnavailable(false)
+		res = b.run(context.Background(), 3)
+		require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
+		require.Equal(t, 1, claimed)
+		b.requireNoLocks(t)
+	})
 	t.Run("a failed claim is failed and releases", func(t *testing.T) {
 		t.Parallel()
 		w := &ownedtest.Widget{Claim: func(context.Context, *owned.Run, int) (int64, error) { return 0, errors.New("no table") }}
@@ -421,4 +466,12 @@ func TestRunMetrics(t *testing.T) {
 	// increase() sees the first lost or failed run.
 	require.Equal(t, map[string]uint64{"completed": 1, "unavailable": 1, "already_completed": 0, "already_owned": 0,
 		"lost": 0, "failed": 0}, counts)
+}
+
+func outcomes(rs []job.Result) []job.Outcome {
+	out := make([]job.Outcome, len(rs))
+	for i, r := range rs {
+		out[i] = r.Outcome
+	}
+	return out
 }

@@ -12,8 +12,13 @@
 // KafkaConsumer reads every kind's trigger topic (owned.Spec.Topic, under
 // the deployment's prefix) in the consumer group (default "coordinator")
 // with auto-commit off. Each partition has one worker that handles its
-// records in order; an offset is committed only after its record is
-// handled. Handled means the result says so (job.Result.Handled: completed,
+// records in lanes by record key: one key's records in order, one at a
+// time, different keys at once (KafkaConfig.PartitionConcurrency), so a
+// trigger never waits for another key's work (partition.go); a key with
+// one record pending is started before the keys with a backlog, which go
+// round in turn (a new period's trigger is not queued behind a replay). An
+// offset is committed, in the background, only once its record and every
+// record before it are handled. Handled means the result says so (job.Result.Handled: completed,
 // already_completed, failed permanently, or Deferred: the run did not
 // complete and its request is recorded in Postgres for the resumer, which
 // owes the completed run; for a kind without a resumer, already_owned too)

@@ -59,6 +59,11 @@ type KafkaConfig struct {
 	// DrainTimeout bounds how long Stop waits for records in flight before
 	// cancelling them. Default 25s.
 	DrainTimeout time.Duration
+	// PartitionConcurrency bounds the records of one partition handled at
+	// once: records of different keys (a bill run's period) are handled
+	// concurrently, those of one key strictly in order (partition.go).
+	// Default DefaultPartitionConcurrency; 1 handles one record at a time.
+	PartitionConcurrency int
 	// LeaveTimeout bounds Stop's leave of the group once the records are
 	// drained: a leave behind a rebalance that waits for a dead member (a
 	// replica SIGKILLed) would otherwise take that member's whole session
@@ -101,6 +106,9 @@ func (c KafkaConfig) withDefaults() KafkaConfig {
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = 25 * time.Second
 	}
+	if c.PartitionConcurrency <= 0 {
+		c.PartitionConcurrency = DefaultPartitionConcurrency
+	}
 	if c.LeaveTimeout <= 0 {
 		c.LeaveTimeout = 5 * time.Second
 	}
@@ -125,18 +133,22 @@ func (c KafkaConfig) validate() error {
 // KafkaConsumer consumes the trigger topics in the consumer group and hands
 // each record to the Handler.
 //
-// Per partition, one worker goroutine handles records strictly in order.
-// The poll loop never waits for a worker: it queues a fetch for the worker
-// and, once records wait behind a busy worker, pauses the partition until
-// the worker drained its queue, so heartbeats,
-// rebalances and the other partitions keep going while a long bill run
-// executes. An offset is committed (synchronously) only after its record is
-// handled (job.Result.Handled): completed or already completed, failed
+// Per partition, one worker hands records to lanes, one per record key
+// (partition.go): the records of one key (a bill run's period) are handled
+// strictly in order, one at a time; those of different keys at once, up to
+// PartitionConcurrency. The poll loop never waits for a worker: it queues a
+// fetch for the worker and, once records wait behind full lanes, pauses the
+// partition until the worker took them, so heartbeats, rebalances and the
+// other partitions keep going while a long bill run executes. An offset is
+// committed (in the background, one commit at a time) only once its record
+// and every record before it on the partition are handled
+// (job.Result.Handled): completed or already completed, failed
 // permanently, handed to the resumer (Deferred: the request is recorded in
 // Postgres), or rejected to the DLQ. A record that is not handled (lock
 // backend unavailable, a run lost or failed transiently that could not be
-// recorded, DLQ unreachable) is retried in place with exponential backoff,
-// and the records behind it wait; nothing is committed past it.
+// recorded, DLQ unreachable) is retried in its lane with exponential
+// backoff, and the records of its key wait behind it; nothing is committed
+// past it.
 //
 // Revoke or loss of a partition: the worker takes no new record from it and
 // queued ones are dropped (the new owner gets them from the committed

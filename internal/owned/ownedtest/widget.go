@@ -35,6 +35,9 @@ type Widget struct {
 	Work func(ctx context.Context, r *owned.Run, n int) (owned.Report, error)
 	// Claim, when set, gives the Worker a Claim.
 	Claim func(ctx context.Context, r *owned.Run, n int) (int64, error)
+	// AlreadyCompleted, when set with Claim, gives the Worker an
+	// AlreadyCompleted: the look before the lock.
+	AlreadyCompleted func(ctx context.Context, r *owned.Run, n int) (*owned.CompletedError, error)
 	// Incomplete, when set, makes the kind resumable, listing these runs.
 	Incomplete func(ctx context.Context) ([]owned.Incomplete[Params], error)
 
@@ -114,6 +117,11 @@ func (w *Widget) worker() owned.Worker[Params] {
 	}
 	if w.Claim != nil {
 		wk.Claim = func(ctx context.Context, r *owned.Run, p Params) (int64, error) { return w.Claim(ctx, r, p.N) }
+		if w.AlreadyCompleted != nil {
+			wk.AlreadyCompleted = func(ctx context.Context, r *owned.Run, p Params) (*owned.CompletedError, error) {
+				return w.AlreadyCompleted(ctx, r, p.N)
+			}
+		}
 	} else if w.Incomplete != nil {
 		wk.Incomplete = w.Incomplete
 	}
