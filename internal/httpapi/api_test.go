@@ -194,9 +194,9 @@ func setup(t *testing.T, mod func(*httpapi.Config)) bundle {
 		"2026-02": job.OutcomeAlreadyOwned,
 		"2026-03": job.OutcomeUnavailable,
 		"2026-04": job.OutcomeFailed,
-		"2026-05": job.OutcomeFailed, // on the caller's input (BadInput)
-		"2026-06": job.OutcomeFailed, // transiently, not recorded
-		"2026-07": job.OutcomeFailed, // transiently, recorded for the resumer
+		"2026-05": job.OutcomeFailed,       // on the caller's input (BadInput)
+		"2026-06": job.OutcomeFailed,       // transiently, not recorded
+		"2026-07": job.OutcomeFailed,       // transiently, recorded for the resumer
 		"2026-08": job.OutcomeAlreadyOwned, // and not recorded
 		"2026-09": job.OutcomeAlreadyOwned, // and recorded for the resumer
 	}}
