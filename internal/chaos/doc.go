@@ -16,6 +16,8 @@
 // from the jars scripts/services fetches, with a listener per replica slot;
 // and an embedded Toxiproxy (netproxy.go) giving every process proxies of
 // its own to each dependency. The shared test services are never touched.
+// (services_redis.go, services_postgres.go, services_kafka.go; binaries.go
+// finds the programs; setup.go sets a run up, phases.go runs its phases.)
 //
 // The workload: Config.Replicas `coordinator serve` processes (each restart
 // is a new incarnation, r2-3 = slot 2, third start), bill-run triggers for
@@ -52,8 +54,10 @@
 //
 // # Checks
 //
-// Check runs pure checkers over a History (checks.go; each has a violating
-// and a clean synthetic history in checks_test.go): exact invoices per
+// Check runs pure checkers over a History (checks.go; bill runs and their
+// events in checks_billrun.go, the lock holders' history in checks_lock.go;
+// each has a violating and a clean synthetic history in checks_test.go,
+// checks_cron_test.go or checks_fenced_test.go): exact invoices per
 // (subscriber, period); every accepted trigger's period COMPLETED within
 // the recovery bound, with no further trigger; no bill-run batch committed
 // under a fence below one already in effect (a later claim, seen through a

@@ -5,7 +5,7 @@ import "time"
 // History is everything the verifier recorded and read back after a run:
 // its own operations and faults, the rows the critical-section helpers and
 // the product wrote to PostgreSQL, and the events on Kafka. The checkers
-// (checks.go) are pure functions over it, so each can be tested on a
+// (checks*.go) are pure functions over it, so each can be tested on a
 // synthetic history.
 //
 // Times ending in NS are CLOCK_MONOTONIC nanoseconds (Mono), one clock for
