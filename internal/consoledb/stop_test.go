@@ -37,36 +37,18 @@ func TestIndexerStopsInTimeWhileItsGroupWaitsForADeadMember(t *testing.T) {
 		_, _ = adm.DeleteGroups(ctx, group)
 		_, _ = adm.DeleteTopics(ctx, topic)
 	})
-	joined := func(n int) {
-		require.Eventually(t, func() bool {
-			gs, err := adm.DescribeGroups(ctx, group)
-			if err != nil {
-				return false
-			}
-			g := gs[group]
-			return g.State == "Stable" && len(g.Members) == n
-		}, 60*time.Second, 50*time.Millisecond, "%d members in a stable group", n)
-	}
 
 	// The member that dies: a long session, and its client's context
 	// cancelled without Close, so it never leaves.
-	deadCtx, kill := context.WithCancel(context.Background())
-	dead, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic),
-		kgo.SessionTimeout(40*time.Second), kgo.WithContext(deadCtx))
-	require.NoError(t, err)
-	go func() {
-		for deadCtx.Err() == nil {
-			dead.PollRecords(deadCtx, 100)
-		}
-	}()
-	joined(1)
+	kill := testenv.DeadGroupMember(t, k.Brokers, group, 40*time.Second, topic)
+	testenv.WaitGroupStable(t, adm, group, 1)
 
 	joins := make(chan struct{}, 16)
 	x, err := consoledb.NewIndexer(consoledb.IndexerConfig{Brokers: k.Brokers, Topic: topic, Group: group, Pool: pg.Pool,
-		StopTimeout: 2 * time.Second, ClientOpts: []kgo.Opt{kgo.WithHooks(joinHook(joins)), kgo.HeartbeatInterval(200 * time.Millisecond)}})
+		StopTimeout: 2 * time.Second, ClientOpts: []kgo.Opt{kgo.WithHooks(testenv.JoinHook(joins)), kgo.HeartbeatInterval(200 * time.Millisecond)}})
 	require.NoError(t, err)
 	require.NoError(t, x.Start(ctx))
-	joined(2)
+	testenv.WaitGroupStable(t, adm, group, 2)
 	for len(joins) > 0 {
 		<-joins
 	}
@@ -89,17 +71,4 @@ func TestIndexerStopsInTimeWhileItsGroupWaitsForADeadMember(t *testing.T) {
 	x.Stop()
 	took := time.Since(start)
 	require.Less(t, took, 15*time.Second, "Stop within its 2 s StopTimeout (and a loaded machine's margin), not the dead member's 40 s session")
-}
-
-// joinHook signals every JoinGroup request a client writes.
-type joinHook chan struct{}
-
-func (h joinHook) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
-	const joinGroup = 11 // kmsg.JoinGroup
-	if key == joinGroup && err == nil {
-		select {
-		case h <- struct{}{}:
-		default:
-		}
-	}
 }
