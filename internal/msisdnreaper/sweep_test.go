@@ -255,9 +255,12 @@ func TestSweepClearsTheTokenOnEitherWalk(t *testing.T) {
 // lease ran out, and the sweep ended lost (76): `COORDINATOR_REAPER_LEASE=1s
 // COORDINATOR_REAPER_BATCH_SIZE=70000 coordinator run reaper --workers 1` on
 // 200k stale rows. Here the batches are made slow in the database (a
-// statement trigger sleeps 1.0 s in the first, 1.5 s in the second), with a
-// 2 s lease and its local deadline at 1.9 s: the second batch starts near
-// 1.0 s, before the deadline, and ends near 2.5 s, past the lease.
+// statement trigger sleeps 2.0 s in the first, 2.5 s in the second), with a
+// 4 s lease and its local deadline at 3.9 s: the second batch starts near
+// 2.0 s, before the deadline, and ends near 4.5 s, past the lease. The
+// figures leave a loaded machine 1.9 s before the deadline and 1.5 s inside
+// the batch's own bound (with a 2 s lease and 1.0/1.5 s sleeps they were
+// 0.9 s and 0.5 s).
 func TestABatchInFlightAtTheLeasesEndFinishes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -269,8 +272,8 @@ create sequence slow_batches;
 create function slow_batch() returns trigger language plpgsql as $$
 begin
   case nextval('slow_batches')
-    when 1 then perform pg_sleep(1.0);
-    when 2 then perform pg_sleep(1.5);
+    when 1 then perform pg_sleep(2.0);
+    when 2 then perform pg_sleep(2.5);
     else null;
   end case;
   return null;
@@ -280,7 +283,7 @@ create trigger slow_batch before update on msisdn_pool for each statement execut
 
 	rec := &events.Recorder{}
 	s := NewTestSweeper(pg.Pool, memLocker(t, "replica-a", time.Second), rec,
-		Config{Lease: 2 * time.Second, SafetyMargin: 100 * time.Millisecond, BatchSize: 10, Workers: 1})
+		Config{Lease: 4 * time.Second, SafetyMargin: 100 * time.Millisecond, BatchSize: 10, Workers: 1})
 	res := s.Sweep(ctx, cliTrigger)
 	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
 	require.Equal(t, int64(20), res.Counts["freed"], "the second batch, in flight at the lease's end, committed")

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -34,19 +35,12 @@ func DeadGroupMember(t testing.TB, brokers []string, group string, session time.
 // WaitGroupStable waits until group is Stable with n members.
 func WaitGroupStable(t testing.TB, adm *kadm.Client, group string, n int) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	require.Eventually(t, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
 		gs, err := adm.DescribeGroups(ctx, group)
-		cancel()
-		if err == nil && gs[group].State == "Stable" && len(gs[group].Members) == n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("testenv: group %s not stable with %d members within 60s", group, n)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err == nil && gs[group].State == "Stable" && len(gs[group].Members) == n
+	}, 60*time.Second, 50*time.Millisecond, "testenv: group %s not stable with %d members", group, n)
 }
 
 // JoinHook is a franz-go hook that signals every JoinGroup request its

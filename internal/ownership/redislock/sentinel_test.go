@@ -47,8 +47,13 @@ func TestFailoverKeepsTheLock(t *testing.T) {
 	const ttl = 9 * time.Second
 	set := testenv.StartRedisSentinelSet(t)
 	ctx := context.Background()
-	a := newSentinelLocker(t, set, redislock.Config{Owner: "a", WaitTime: 5 * time.Second, WatchdogTimeout: ttl})
-	b := newSentinelLocker(t, set, redislock.Config{Owner: "b", WaitTime: 300 * time.Millisecond, WatchdogTimeout: ttl})
+	// Every acquisition here needs the replica's acknowledgement, which a
+	// busy machine's replica may take longer than the default 200ms to give
+	// (make test failed once on it: "0 of 1 replicas within 200ms"): 1.5s,
+	// below the 2s read timeout. No WAIT here is meant to fail.
+	const replicaTimeout = 1500 * time.Millisecond
+	a := newSentinelLocker(t, set, redislock.Config{Owner: "a", WaitTime: 5 * time.Second, WatchdogTimeout: ttl, ReplicaTimeout: replicaTimeout})
+	b := newSentinelLocker(t, set, redislock.Config{Owner: "b", WaitTime: 300 * time.Millisecond, WatchdogTimeout: ttl, ReplicaTimeout: replicaTimeout})
 
 	held, err := a.Acquire(ctx, "job", 0)
 	require.NoError(t, err)
