@@ -186,6 +186,10 @@ type KafkaConsumer struct {
 
 	mu      sync.Mutex
 	workers map[tp]*partWorker
+	// left are the workers of revoked partitions whose runs outlived
+	// RevokeWait: still runs in flight on this replica, which Stop drains
+	// like its own partitions' (not cancelled at once).
+	left    map[*partWorker]struct{}
 	stopped bool
 
 	startOnce sync.Once
@@ -213,7 +217,7 @@ func NewKafkaConsumer(cfg KafkaConfig, h Handler, emit events.Emitter, log *slog
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	c := &KafkaConsumer{cfg: cfg, h: h, emit: emit, log: log, m: m, workers: map[tp]*partWorker{}, pollDone: make(chan struct{}),
+	c := &KafkaConsumer{cfg: cfg, h: h, emit: emit, log: log, m: m, workers: map[tp]*partWorker{}, left: map[*partWorker]struct{}{}, pollDone: make(chan struct{}),
 		byTopic: map[string]owned.Kind{}}
 	for _, k := range cfg.Kinds.Kinds() {
 		if t := k.Spec().Topic; t != "" {
@@ -274,7 +278,8 @@ func (c *KafkaConsumer) Start(ctx context.Context) error {
 }
 
 // Stop stops taking records, waits up to DrainTimeout for the records in
-// flight (then cancels them: a cancelled bill run ends lost and is not
+// flight, those of revoked partitions whose runs outlived RevokeWait too
+// (then cancels them: a cancelled bill run ends lost and is not
 // committed), commits what was handled, and leaves the group. Safe twice.
 func (c *KafkaConsumer) Stop() {
 	c.stopOnce.Do(func() {
@@ -286,6 +291,9 @@ func (c *KafkaConsumer) Stop() {
 		ws := make([]*partWorker, 0, len(c.workers))
 		for _, w := range c.workers {
 			w.revoke()
+			ws = append(ws, w)
+		}
+		for w := range c.left {
 			ws = append(ws, w)
 		}
 		c.mu.Unlock()
@@ -471,6 +479,18 @@ func (c *KafkaConsumer) revoked(_ context.Context, cl *kgo.Client, revoked map[s
 	for _, w := range ws {
 		w.forbidCommit()
 	}
+	c.mu.Lock()
+	for w := range c.left { // forget the left workers that ended since
+		if w.ended() {
+			delete(c.left, w)
+		}
+	}
+	for _, w := range ws {
+		if !w.ended() {
+			c.left[w] = struct{}{}
+		}
+	}
+	c.mu.Unlock()
 	cl.ResumeFetchPartitions(revoked)
 	c.log.Info("trigger_partitions_revoked", "partitions", fmt.Sprint(revoked))
 }
