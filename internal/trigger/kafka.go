@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -511,7 +512,7 @@ func (c *KafkaConsumer) process(rec *kgo.Record) bool {
 	}
 	t := job.Trigger{Source: job.SourceKafka, RequestID: cmp.Or(req.RequestID, derivedID(rec)), RequestedBy: req.RequestedBy}
 	ctx, end := c.traceRecord(rec, t)
-	res, err := c.h.Run(ctx, k, req.Params, t)
+	res, err := c.run(ctx, k, req.Params, t, rec)
 	end(res)
 	if err != nil {
 		c.log.Warn("trigger_handler_error", "topic", rec.Topic, "offset", rec.Offset, "request_id", t.RequestID, "error", err)
@@ -525,6 +526,21 @@ func (c *KafkaConsumer) process(rec *kgo.Record) bool {
 			strings.TrimPrefix(res.Error, job.ErrBadInput.Error()+": ")))
 	}
 	return res.Handled()
+}
+
+// run calls the Handler, recovering a panic (a bug in a kind's run) as an
+// error: the record is not handled, so it is retried in its lane, and the
+// replica, with its other runs, goes on. Unrecovered, the panic would end
+// the process, then every replica the partition moves to in turn.
+func (c *KafkaConsumer) run(ctx context.Context, k owned.Kind, p owned.Params, t job.Trigger, rec *kgo.Record) (res job.Result, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			c.log.Error("trigger_handler_panicked", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset,
+				"request_id", t.RequestID, "error", fmt.Sprint(v), "stack", string(debug.Stack()))
+			res, err = job.Result{}, fmt.Errorf("trigger: handler panicked: %v", v)
+		}
+	}()
+	return c.h.Run(ctx, k, p, t)
 }
 
 // derivedID is the request id of a record that has none: the same on every
