@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -186,6 +187,10 @@ type KafkaConsumer struct {
 
 	mu      sync.Mutex
 	workers map[tp]*partWorker
+	// left are the workers of revoked partitions whose runs outlived
+	// RevokeWait: still runs in flight on this replica, which Stop drains
+	// like its own partitions' (not cancelled at once).
+	left    map[*partWorker]struct{}
 	stopped bool
 
 	startOnce sync.Once
@@ -213,7 +218,7 @@ func NewKafkaConsumer(cfg KafkaConfig, h Handler, emit events.Emitter, log *slog
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	c := &KafkaConsumer{cfg: cfg, h: h, emit: emit, log: log, m: m, workers: map[tp]*partWorker{}, pollDone: make(chan struct{}),
+	c := &KafkaConsumer{cfg: cfg, h: h, emit: emit, log: log, m: m, workers: map[tp]*partWorker{}, left: map[*partWorker]struct{}{}, pollDone: make(chan struct{}),
 		byTopic: map[string]owned.Kind{}}
 	for _, k := range cfg.Kinds.Kinds() {
 		if t := k.Spec().Topic; t != "" {
@@ -274,7 +279,8 @@ func (c *KafkaConsumer) Start(ctx context.Context) error {
 }
 
 // Stop stops taking records, waits up to DrainTimeout for the records in
-// flight (then cancels them: a cancelled bill run ends lost and is not
+// flight, those of revoked partitions whose runs outlived RevokeWait too
+// (then cancels them: a cancelled bill run ends lost and is not
 // committed), commits what was handled, and leaves the group. Safe twice.
 func (c *KafkaConsumer) Stop() {
 	c.stopOnce.Do(func() {
@@ -286,6 +292,9 @@ func (c *KafkaConsumer) Stop() {
 		ws := make([]*partWorker, 0, len(c.workers))
 		for _, w := range c.workers {
 			w.revoke()
+			ws = append(ws, w)
+		}
+		for w := range c.left {
 			ws = append(ws, w)
 		}
 		c.mu.Unlock()
@@ -471,6 +480,18 @@ func (c *KafkaConsumer) revoked(_ context.Context, cl *kgo.Client, revoked map[s
 	for _, w := range ws {
 		w.forbidCommit()
 	}
+	c.mu.Lock()
+	for w := range c.left { // forget the left workers that ended since
+		if w.ended() {
+			delete(c.left, w)
+		}
+	}
+	for _, w := range ws {
+		if !w.ended() {
+			c.left[w] = struct{}{}
+		}
+	}
+	c.mu.Unlock()
 	cl.ResumeFetchPartitions(revoked)
 	c.log.Info("trigger_partitions_revoked", "partitions", fmt.Sprint(revoked))
 }
@@ -491,7 +512,7 @@ func (c *KafkaConsumer) process(rec *kgo.Record) bool {
 	}
 	t := job.Trigger{Source: job.SourceKafka, RequestID: cmp.Or(req.RequestID, derivedID(rec)), RequestedBy: req.RequestedBy}
 	ctx, end := c.traceRecord(rec, t)
-	res, err := c.h.Run(ctx, k, req.Params, t)
+	res, err := c.run(ctx, k, req.Params, t, rec)
 	end(res)
 	if err != nil {
 		c.log.Warn("trigger_handler_error", "topic", rec.Topic, "offset", rec.Offset, "request_id", t.RequestID, "error", err)
@@ -505,6 +526,21 @@ func (c *KafkaConsumer) process(rec *kgo.Record) bool {
 			strings.TrimPrefix(res.Error, job.ErrBadInput.Error()+": ")))
 	}
 	return res.Handled()
+}
+
+// run calls the Handler, recovering a panic (a bug in a kind's run) as an
+// error: the record is not handled, so it is retried in its lane, and the
+// replica, with its other runs, goes on. Unrecovered, the panic would end
+// the process, then every replica the partition moves to in turn.
+func (c *KafkaConsumer) run(ctx context.Context, k owned.Kind, p owned.Params, t job.Trigger, rec *kgo.Record) (res job.Result, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			c.log.Error("trigger_handler_panicked", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset,
+				"request_id", t.RequestID, "error", fmt.Sprint(v), "stack", string(debug.Stack()))
+			res, err = job.Result{}, fmt.Errorf("trigger: handler panicked: %v", v)
+		}
+	}()
+	return c.h.Run(ctx, k, p, t)
 }
 
 // derivedID is the request id of a record that has none: the same on every

@@ -138,6 +138,16 @@ func (w *partWorker) revoke() {
 	w.closeOnce.Do(func() { close(w.quit) })
 }
 
+// ended reports whether the worker's loop and its handlers are over.
+func (w *partWorker) ended() bool {
+	select {
+	case <-w.done:
+		return true
+	default:
+		return false
+	}
+}
+
 func (w *partWorker) forbidCommit() {
 	w.mu.Lock()
 	w.noCommit = true
