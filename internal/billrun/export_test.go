@@ -91,6 +91,6 @@ func LateReference(ctx context.Context, pool *pgxpool.Pool, p Period) (subscribe
 // late check of period p (sqlLateCached).
 func ExplainKeptCheck(ctx context.Context, pool *pgxpool.Pool, p Period) (string, error) {
 	var plan string
-	err := pool.QueryRow(ctx, "explain (analyze, format json) "+sqlLateCached, p.String(), p.Start(time.UTC), p.End(time.UTC)).Scan(&plan)
+	err := pool.QueryRow(ctx, "explain (analyze, format json) "+sqlLateCached, p.String(), p.Start(time.UTC), p.End(time.UTC), maxLateIDs).Scan(&plan)
 	return plan, err
 }

@@ -51,6 +51,8 @@ import (
 // maxLateIDs bounds L: a period with more late subscribers than this keeps
 // no row, and its triggers take the lock and the full check, as before
 // issue 28 (evaluating that many subscribers one by one would be no faster).
+// It bounds T(S) the same way: more changed since the kept snapshot (a bulk
+// update of subscribers) sends the trigger to the full check, once.
 const maxLateIDs = 10000
 
 // systemID is the cluster's id: a snapshot of another cluster (a restore
@@ -120,7 +122,12 @@ func lateChanged(k string, withSubscribers bool) string {
 // unbilled subscribers, who they are, how many changed since S, and the
 // statement's own snapshot (what refreshLate writes back).
 //
-// $1 period, $2 and $3 the period's instants when the row recorded none.
+// More than $4 changed (a bulk update of subscribers) evaluates nobody:
+// the caller checks in full, under the lock, once, and keeps a fresh
+// snapshot, rather than every duplicate evaluating them one by one.
+//
+// $1 period, $2 and $3 the period's instants when the row recorded none,
+// $4 the most changed subscribers evaluated.
 var sqlLateCached = `
 with r as materialized (
     select r.status, coalesce(r.owner, '') as owner, r.fence, r.batches_done, r.subscribers, r.invoices_created,
@@ -136,7 +143,7 @@ k as materialized (
     where l.period = $1 and l.bill_fence = r.fence and r.status = 'COMPLETED' and l.system_id = ` + systemID + `
 ),
 ` + lateChanged("k", true) + `,
-cand as (select distinct unnest(k.ids || changed.ids) as id from k, changed),
+cand as (select distinct unnest(k.ids || changed.ids) as id from k, changed where cardinality(changed.ids) <= $4),
 ` + lateEval("(select ps from r)", "(select pe from r)") + `,
 found as materialized (select id, late, unbilled from eval where late <> 0 or unbilled)
 select r.status, r.owner, r.fence, r.batches_done, r.subscribers, r.invoices_created, r.already_invoiced,
@@ -266,7 +273,7 @@ func (w *Worker) readLate(ctx context.Context, p Period) (lateState, error) {
 		lateSubs, lateCents, unbil int64
 	)
 	zone := w.cfg.Calendar.Zone
-	err := w.pool.QueryRow(ctx, sqlLateCached, p.String(), p.Start(zone), p.End(zone)).Scan(
+	err := w.pool.QueryRow(ctx, sqlLateCached, p.String(), p.Start(zone), p.End(zone), maxLateIDs).Scan(
 		&s.status, &s.owner, &s.fence, &batches, &subs, &created, &already, &repaired, &population, &s.adjusting,
 		&version, &s.changed, &lateSubs, &lateCents, &unbil, &s.ids, &s.snap)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -285,7 +292,7 @@ func (w *Worker) readLate(ctx context.Context, p Period) (lateState, error) {
 	if population != nil {
 		s.counts[CountPopulation] = *population
 	}
-	if version != nil {
+	if version != nil && s.changed <= maxLateIDs {
 		s.cached, s.version = true, *version
 		s.check = lateCheck{subscribers: lateSubs, cents: lateCents, unbilled: unbil}
 	}

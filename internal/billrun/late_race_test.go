@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/telco-platform/coordinator/internal/billrun"
@@ -93,4 +94,28 @@ func TestPruningBillRunChangesForgetsTheKeptChecks(t *testing.T) {
 	require.Equal(t, int64(1), res.Counts[billrun.CountLateUsageSubscribers], "the deleted charge, seen in full")
 	require.Equal(t, full+1, w.checks(t, "full"), "checked in full under the lock")
 	w.answerWithoutLock(t, "kept again after the full check")
+}
+
+// A bulk change of subscribers after the completion (a price change on
+// every row) makes every one of them changed since the kept snapshot. More
+// than maxLateIDs of them are not evaluated one by one by every trigger
+// (each probe set per subscriber, across the whole table, for every
+// COMPLETED period): the trigger takes the lock and checks in full once,
+// which keeps a fresh snapshot, and the next is answered from it again.
+func TestABulkChangeSendsTheCheckInFullOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	b.seed(t, billrun.SeedConfig{Subscribers: 12000})
+	w := &lateWorld{bundle: b, reg: prometheus.NewRegistry(), p: period}
+	w.r = b.runner(billrun.Config{BatchSize: 4000, Metrics: billrun.NewMetrics(w.reg)})
+	res := w.r.Run(ctx, w.p, trig())
+	require.Equal(t, job.OutcomeCompleted, res.Outcome, res.Error)
+	w.answerWithoutLock(t, "nothing changed")
+
+	w.exec(t, `update subscribers set monthly_fee_cents = monthly_fee_cents + 1`)
+	res = w.r.Run(ctx, w.p, trig())
+	require.Equal(t, job.OutcomeAlreadyCompleted, res.Outcome, res.Error)
+	require.Equal(t, float64(1), w.checks(t, "full"), "12,000 changed subscribers: checked in full under the lock")
+	w.answerWithoutLock(t, "from the snapshot the full check kept")
 }
