@@ -3,11 +3,13 @@ package billrun_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/telco-platform/coordinator/internal/billrun"
+	"github.com/telco-platform/coordinator/internal/events"
 	"github.com/telco-platform/coordinator/internal/job"
 )
 
@@ -118,4 +120,34 @@ func TestABulkChangeSendsTheCheckInFullOnce(t *testing.T) {
 	require.Equal(t, job.OutcomeAlreadyCompleted, res.Outcome, res.Error)
 	require.Equal(t, float64(1), w.checks(t, "full"), "12,000 changed subscribers: checked in full under the lock")
 	w.answerWithoutLock(t, "from the snapshot the full check kept")
+}
+
+// Postgres lost in the middle of the check before the lock (its backend
+// terminated while the statement waits) never answers already_completed:
+// the trigger goes the locked way, here unavailable with the lock backend
+// down.
+func TestACheckCutOffMidwayTakesTheLockedWay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := newLateWorld(t, []sub{{id: 1, status: "ACTIVE", fee: 1000}})
+	hold, err := w.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = hold.Rollback(ctx) }()
+	_, err = hold.Exec(ctx, `lock table bill_run_late in access exclusive mode`)
+	require.NoError(t, err)
+
+	w.locker.SetUnavailable(true)
+	defer w.locker.SetUnavailable(false)
+	n := len(w.rec.Events())
+	done := make(chan job.Result, 1)
+	go func() { done <- w.r.Run(ctx, w.p, trig()) }()
+	require.Eventually(t, func() bool {
+		var killed bool
+		err := w.pool.QueryRow(ctx, `select coalesce(bool_or(pg_terminate_backend(pid)), false) from pg_locks
+			where relation = 'bill_run_late'::regclass and not granted`).Scan(&killed)
+		return err == nil && killed
+	}, 30*time.Second, 10*time.Millisecond, "the check waits on bill_run_late")
+	res := <-done
+	require.Equal(t, job.OutcomeUnavailable, res.Outcome, res.Error)
+	require.Empty(t, ofType(w.since(n), events.RunAlreadyCompleted))
 }
