@@ -69,13 +69,17 @@ create table bill_run_changes (
 );
 create index bill_run_changes_period_changed on bill_run_changes (period, changed_xid);
 
+-- A kept row's version is never reused (a row forgotten and made again
+-- takes a new one): a check's write-back that read an older row never lands
+-- on a newer one.
+create sequence bill_run_late_version;
 create table bill_run_late (
     period     text primary key,
     bill_fence bigint,
     snap       pg_snapshot not null,
     ids        bigint[] not null default '{}',
     system_id  bigint not null,
-    version    bigint not null default 1,
+    version    bigint not null default nextval('bill_run_late_version'),
     checked_at timestamptz not null default clock_timestamp()
 );
 
@@ -168,6 +172,7 @@ alter table bill_run_changes enable always trigger bill_run_changes_pruned;
 
 -- +goose Down
 drop table bill_run_late;
+drop sequence bill_run_late_version;
 drop table bill_run_changes;
 drop trigger invoice_adjustments_truncated on invoice_adjustments;
 drop trigger invoices_truncated on invoices;

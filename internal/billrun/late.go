@@ -163,7 +163,7 @@ from r left join k on true`
 // $1 period, $2 bill fence, $3 version read, $4 snapshot, $5 ids.
 const sqlLateRefresh = `
 update bill_run_late
-set snap = $4::pg_snapshot, ids = $5, version = version + 1, checked_at = clock_timestamp()
+set snap = $4::pg_snapshot, ids = $5, version = nextval('bill_run_late_version'), checked_at = clock_timestamp()
 where period = $1 and bill_fence = $2 and version = $3
   and period in (select period from bill_run_late where period = $1 for update skip locked)`
 
@@ -201,7 +201,7 @@ kept as (
     where r.period = $1 and r.status = 'COMPLETED' and (select count(*) from found) <= $4
     on conflict (period) do update
     set bill_fence = excluded.bill_fence, snap = excluded.snap, ids = excluded.ids, system_id = excluded.system_id,
-        version = l.version + 1, checked_at = clock_timestamp()
+        version = nextval('bill_run_late_version'), checked_at = clock_timestamp()
 )
 select (select count(*) from late where amount <> 0),
        (select coalesce(sum(amount), 0)::bigint from late where amount <> 0),
@@ -245,7 +245,7 @@ insert into bill_run_late as l (period, bill_fence, snap, ids, system_id)
 values ($1, $2, $3::pg_snapshot, $4, ` + systemID + `)
 on conflict (period) do update
 set bill_fence = excluded.bill_fence, snap = excluded.snap, ids = excluded.ids, system_id = excluded.system_id,
-    version = l.version + 1, checked_at = clock_timestamp()`
+    version = nextval('bill_run_late_version'), checked_at = clock_timestamp()`
 
 // lateState is one read of a period (sqlLateCached).
 type lateState struct {

@@ -151,3 +151,35 @@ func TestACheckCutOffMidwayTakesTheLockedWay(t *testing.T) {
 	require.Equal(t, job.OutcomeUnavailable, res.Outcome, res.Error)
 	require.Empty(t, ofType(w.since(n), events.RunAlreadyCompleted))
 }
+
+// A check's write-back that lost a race with a prune of bill_run_changes
+// and the full check after it never lands on the fresh row: a kept row's
+// version is never reused, so the stale snapshot (blind to the pruned
+// change) cannot replace the full check's.
+func TestAStaleWriteBackNeverReplacesAFreshFullCheck(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := newLateWorld(t, []sub{{id: 1, status: "ACTIVE", fee: 1000}, {id: 2, status: "ACTIVE", fee: 1000, usage: 40}})
+	p := w.p.String()
+	fullUnderLock := func(what string) {
+		t.Helper()
+		w.exec(t, `delete from bill_run_changes`) // pruned by hand: every kept row goes
+		full := w.checks(t, "full")
+		res := w.r.Run(ctx, w.p, trig())
+		require.Equal(t, job.OutcomeAlreadyCompleted, res.Outcome, res.Error)
+		require.Equal(t, full+1, w.checks(t, "full"), what)
+	}
+	fullUnderLock("the first full check")
+	w.exec(t, `insert into usage_charges (subscriber_id, period, amount_cents) values (1, $1, 3)`, p)
+	stale, ok, err := billrun.ReadKeptCheck(ctx, w.pool, w.p) // a check, before it writes back
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	w.exec(t, `delete from usage_charges where subscriber_id = 2 and period = $1`, p) // seen only in bill_run_changes
+	fullUnderLock("the second full check, after the prune")
+	landed, err := billrun.RefreshKeptCheck(ctx, w.pool, w.p, stale)
+	require.NoError(t, err)
+	require.False(t, landed, "the stale write-back")
+	res, _ := w.answerWithoutLock(t, "after the stale write-back")
+	require.Equal(t, int64(2), res.Counts[billrun.CountLateUsageSubscribers])
+}
