@@ -19,7 +19,8 @@
 --       writer's transaction id. Rows are never needed once every kept
 --       snapshot is newer; `truncate bill_run_changes` (which empties
 --       bill_run_late too, so every period is checked in full once more) is
---       the way to reclaim them. Never delete some of them.
+--       the way to reclaim them; deleting some of them empties bill_run_late
+--       as well (a trigger), never leaving a kept check blind.
 --   bill_run_late
 --       per period: the snapshot (pg_snapshot) it was last checked at, the
 --       subscribers late or unbilled then (ids), and the bill run's claim
@@ -68,13 +69,17 @@ create table bill_run_changes (
 );
 create index bill_run_changes_period_changed on bill_run_changes (period, changed_xid);
 
+-- A kept row's version is never reused (a row forgotten and made again
+-- takes a new one): a check's write-back that read an older row never lands
+-- on a newer one.
+create sequence bill_run_late_version;
 create table bill_run_late (
     period     text primary key,
     bill_fence bigint,
     snap       pg_snapshot not null,
     ids        bigint[] not null default '{}',
     system_id  bigint not null,
-    version    bigint not null default 1,
+    version    bigint not null default nextval('bill_run_late_version'),
     checked_at timestamptz not null default clock_timestamp()
 );
 
@@ -139,9 +144,35 @@ create trigger invoice_adjustments_truncated after truncate on invoice_adjustmen
     for each statement execute function coordinator_forget_late();
 create trigger bill_run_changes_truncated after truncate on bill_run_changes
     for each statement execute function coordinator_forget_late();
+-- Rows deleted or edited (a clean-up by hand) would hide the changes they
+-- record from every kept check: the kept checks go with them, as with a
+-- truncate.
+create trigger bill_run_changes_pruned after delete or update on bill_run_changes
+    for each statement execute function coordinator_forget_late();
+
+-- Every trigger above fires whatever session_replication_role says: a
+-- logical replication subscriber, or a bulk load that sets replica to skip
+-- foreign keys, fires no ordinary trigger, and a change it wrote unseen
+-- would be missing from every kept check.
+alter table subscribers enable always trigger subscribers_changed_xid;
+alter table subscribers enable always trigger subscribers_truncated;
+alter table usage_charges enable always trigger usage_charges_changed_xid;
+alter table usage_charges enable always trigger usage_charges_deleted;
+alter table usage_charges enable always trigger usage_charges_moved;
+alter table usage_charges enable always trigger usage_charges_truncated;
+alter table invoices enable always trigger invoices_written;
+alter table invoices enable always trigger invoices_changed;
+alter table invoices enable always trigger invoices_truncated;
+alter table invoice_adjustments enable always trigger invoice_adjustments_written;
+alter table invoice_adjustments enable always trigger invoice_adjustments_truncated;
+alter table bill_runs enable always trigger bill_runs_forget_late;
+alter table bill_runs enable always trigger bill_runs_truncated;
+alter table bill_run_changes enable always trigger bill_run_changes_truncated;
+alter table bill_run_changes enable always trigger bill_run_changes_pruned;
 
 -- +goose Down
 drop table bill_run_late;
+drop sequence bill_run_late_version;
 drop table bill_run_changes;
 drop trigger invoice_adjustments_truncated on invoice_adjustments;
 drop trigger invoices_truncated on invoices;

@@ -91,6 +91,40 @@ func LateReference(ctx context.Context, pool *pgxpool.Pool, p Period) (subscribe
 // late check of period p (sqlLateCached).
 func ExplainKeptCheck(ctx context.Context, pool *pgxpool.Pool, p Period) (string, error) {
 	var plan string
-	err := pool.QueryRow(ctx, "explain (analyze, format json) "+sqlLateCached, p.String(), p.Start(time.UTC), p.End(time.UTC)).Scan(&plan)
+	err := pool.QueryRow(ctx, "explain (analyze, format json) "+sqlLateCached, p.String(), p.Start(time.UTC), p.End(time.UTC), maxLateIDs).Scan(&plan)
 	return plan, err
+}
+
+// KeptCheck is one kept late check of p as a trigger reads it
+// (sqlLateCached): what refreshLate would write back.
+type KeptCheck struct {
+	Fence, Version int64
+	Snap           string
+	IDs            []int64
+}
+
+// ReadKeptCheck runs the kept check of p; ok is false without a usable row.
+func ReadKeptCheck(ctx context.Context, pool *pgxpool.Pool, p Period) (k KeptCheck, ok bool, err error) {
+	var (
+		status, owner          string
+		batches                int32
+		a, b, c, d, e, f, g, h int64
+		population, version    *int64
+		adjusting              bool
+	)
+	err = pool.QueryRow(ctx, sqlLateCached, p.String(), p.Start(time.UTC), p.End(time.UTC), maxLateIDs).Scan(
+		&status, &owner, &k.Fence, &batches, &a, &b, &c, &d, &population, &adjusting,
+		&version, &e, &f, &g, &h, &k.IDs, &k.Snap)
+	if err != nil || version == nil {
+		return k, false, err
+	}
+	k.Version = *version
+	return k, true, nil
+}
+
+// RefreshKeptCheck writes k back as refreshLate does; it returns whether a
+// row took it.
+func RefreshKeptCheck(ctx context.Context, pool *pgxpool.Pool, p Period, k KeptCheck) (bool, error) {
+	tag, err := pool.Exec(ctx, sqlLateRefresh, p.String(), k.Fence, k.Version, k.Snap, k.IDs)
+	return tag.RowsAffected() == 1, err
 }

@@ -51,6 +51,8 @@ import (
 // maxLateIDs bounds L: a period with more late subscribers than this keeps
 // no row, and its triggers take the lock and the full check, as before
 // issue 28 (evaluating that many subscribers one by one would be no faster).
+// It bounds T(S) the same way: more changed since the kept snapshot (a bulk
+// update of subscribers) sends the trigger to the full check, once.
 const maxLateIDs = 10000
 
 // systemID is the cluster's id: a snapshot of another cluster (a restore
@@ -120,7 +122,12 @@ func lateChanged(k string, withSubscribers bool) string {
 // unbilled subscribers, who they are, how many changed since S, and the
 // statement's own snapshot (what refreshLate writes back).
 //
-// $1 period, $2 and $3 the period's instants when the row recorded none.
+// More than $4 changed (a bulk update of subscribers) evaluates nobody:
+// the caller checks in full, under the lock, once, and keeps a fresh
+// snapshot, rather than every duplicate evaluating them one by one.
+//
+// $1 period, $2 and $3 the period's instants when the row recorded none,
+// $4 the most changed subscribers evaluated.
 var sqlLateCached = `
 with r as materialized (
     select r.status, coalesce(r.owner, '') as owner, r.fence, r.batches_done, r.subscribers, r.invoices_created,
@@ -136,7 +143,7 @@ k as materialized (
     where l.period = $1 and l.bill_fence = r.fence and r.status = 'COMPLETED' and l.system_id = ` + systemID + `
 ),
 ` + lateChanged("k", true) + `,
-cand as (select distinct unnest(k.ids || changed.ids) as id from k, changed),
+cand as (select distinct unnest(k.ids || changed.ids) as id from k, changed where cardinality(changed.ids) <= $4),
 ` + lateEval("(select ps from r)", "(select pe from r)") + `,
 found as materialized (select id, late, unbilled from eval where late <> 0 or unbilled)
 select r.status, r.owner, r.fence, r.batches_done, r.subscribers, r.invoices_created, r.already_invoiced,
@@ -156,7 +163,7 @@ from r left join k on true`
 // $1 period, $2 bill fence, $3 version read, $4 snapshot, $5 ids.
 const sqlLateRefresh = `
 update bill_run_late
-set snap = $4::pg_snapshot, ids = $5, version = version + 1, checked_at = clock_timestamp()
+set snap = $4::pg_snapshot, ids = $5, version = nextval('bill_run_late_version'), checked_at = clock_timestamp()
 where period = $1 and bill_fence = $2 and version = $3
   and period in (select period from bill_run_late where period = $1 for update skip locked)`
 
@@ -194,7 +201,7 @@ kept as (
     where r.period = $1 and r.status = 'COMPLETED' and (select count(*) from found) <= $4
     on conflict (period) do update
     set bill_fence = excluded.bill_fence, snap = excluded.snap, ids = excluded.ids, system_id = excluded.system_id,
-        version = l.version + 1, checked_at = clock_timestamp()
+        version = nextval('bill_run_late_version'), checked_at = clock_timestamp()
 )
 select (select count(*) from late where amount <> 0),
        (select coalesce(sum(amount), 0)::bigint from late where amount <> 0),
@@ -238,7 +245,7 @@ insert into bill_run_late as l (period, bill_fence, snap, ids, system_id)
 values ($1, $2, $3::pg_snapshot, $4, ` + systemID + `)
 on conflict (period) do update
 set bill_fence = excluded.bill_fence, snap = excluded.snap, ids = excluded.ids, system_id = excluded.system_id,
-    version = l.version + 1, checked_at = clock_timestamp()`
+    version = nextval('bill_run_late_version'), checked_at = clock_timestamp()`
 
 // lateState is one read of a period (sqlLateCached).
 type lateState struct {
@@ -266,7 +273,7 @@ func (w *Worker) readLate(ctx context.Context, p Period) (lateState, error) {
 		lateSubs, lateCents, unbil int64
 	)
 	zone := w.cfg.Calendar.Zone
-	err := w.pool.QueryRow(ctx, sqlLateCached, p.String(), p.Start(zone), p.End(zone)).Scan(
+	err := w.pool.QueryRow(ctx, sqlLateCached, p.String(), p.Start(zone), p.End(zone), maxLateIDs).Scan(
 		&s.status, &s.owner, &s.fence, &batches, &subs, &created, &already, &repaired, &population, &s.adjusting,
 		&version, &s.changed, &lateSubs, &lateCents, &unbil, &s.ids, &s.snap)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -285,7 +292,7 @@ func (w *Worker) readLate(ctx context.Context, p Period) (lateState, error) {
 	if population != nil {
 		s.counts[CountPopulation] = *population
 	}
-	if version != nil {
+	if version != nil && s.changed <= maxLateIDs {
 		s.cached, s.version = true, *version
 		s.check = lateCheck{subscribers: lateSubs, cents: lateCents, unbilled: unbil}
 	}
