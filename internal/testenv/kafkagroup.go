@@ -28,7 +28,7 @@ func DeadGroupMember(t testing.TB, brokers []string, group string, session time.
 			cl.PollRecords(ctx, 100)
 		}
 	}()
-	t.Cleanup(cancel)
+	t.Cleanup(func() { cancel(); cl.Close() })
 	return cancel
 }
 
