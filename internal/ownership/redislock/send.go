@@ -78,10 +78,31 @@ func (l *Locker) do(ctx context.Context, calls ...*call) {
 	if !ok {
 		until = time.Now().Add(retryBudget)
 	}
-	pending := calls
+	l.doUntil(ctx, until, calls)
+}
+
+// doUntil sends pending until each has its outcome. Calls for several
+// nodes go side by side, each node's with resends of their own (NOSCRIPT,
+// MOVED, TRYAGAIN): a node that stops answering holds up only its own
+// calls, and a renewal round's leases on the other masters are renewed in
+// time.
+func (l *Locker) doUntil(ctx context.Context, until time.Time, pending []*call) {
 	for attempt := 0; len(pending) > 0; attempt++ {
+		groups := l.route(ctx, pending)
+		if len(groups) > 1 {
+			var wg sync.WaitGroup
+			for _, g := range groups {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					l.doUntil(ctx, until, g.calls)
+				}()
+			}
+			wg.Wait()
+			return
+		}
 		var now, later []*call
-		for _, g := range l.route(ctx, pending) {
+		for _, g := range groups {
 			l.pipe(ctx, g)
 			for _, c := range g.calls {
 				switch redirect(c) {
