@@ -61,7 +61,7 @@ type Locker struct {
 	// (coalesce.go).
 	direct   batcher // calls through the client itself
 	bmu      sync.Mutex
-	batchers map[string]*batcher // calls through a node's client, by "node <addr>"
+	batchers map[string]*batcher // by "node <addr>" (a node's client) or "client <addr>" (a cluster's, per master)
 	bclosed  bool                // bmu: new batchers start closed (Close)
 	flushes  sync.WaitGroup      // the goroutines sending queued calls
 

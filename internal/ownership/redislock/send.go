@@ -267,6 +267,11 @@ func (l *Locker) pipe(ctx context.Context, g *group) {
 	// the writes on their connection, and a redirect goes to a node the
 	// client may not map yet: those go through the node's client.
 	t := target{client: l.client, node: g.node, addr: g.addr}
+	if l.cluster {
+		// One queue per master also here: a stalled master's calls must not
+		// fill the pipelines that the other masters' calls wait for.
+		t.key = "client " + g.addr
+	}
 	if need > 0 {
 		t.client, t.key = g.node, "node "+g.addr
 	} else {
@@ -281,7 +286,7 @@ func (l *Locker) pipe(ctx context.Context, g *group) {
 
 // target is where a pipeline goes: the client it is sent on, and the node
 // (and its address) whose replicas a WAIT counts. key names its batcher
-// ("" for the client itself).
+// ("" for a single node's client itself; on a cluster, one per master).
 type target struct {
 	key    string
 	client redis.UniversalClient
