@@ -42,6 +42,8 @@ type batcher struct {
 	inflight int
 	queue    []*entry
 	queued   int // calls in queue
+	// closed: the Locker closed; queued calls are not sent (closeBatchers).
+	closed bool
 }
 
 // entry is one caller's calls in a batcher's queue, with their target and
@@ -105,7 +107,7 @@ func (l *Locker) batcher(key string) *batcher {
 		if l.batchers == nil {
 			l.batchers = map[string]*batcher{}
 		}
-		b = &batcher{}
+		b = &batcher{closed: l.bclosed}
 		l.batchers[key] = b
 	}
 	return b
@@ -125,6 +127,14 @@ func (l *Locker) submit(ctx context.Context, t target, need int, calls []*call) 
 		b.mu.Unlock()
 		l.send(ctx, t, need, calls)
 		l.handOn(b)
+		return
+	}
+	if b.closed {
+		// No flusher sends after Close: never sent, nothing written.
+		b.mu.Unlock()
+		for _, c := range calls {
+			c.err, c.acked = errClosed, nil
+		}
 		return
 	}
 	e := &entry{calls: calls, sent: make([]*call, len(calls)), t: t, need: need, done: make(chan struct{})}
@@ -170,21 +180,34 @@ func (b *batcher) remove(e *entry) {
 
 // handOn passes the pipeline slot of a finished send to a flusher for the
 // calls that queued meanwhile, or gives it back when none queued.
+// The flusher is counted under b.mu, so that Close, which marks b closed
+// under b.mu before it waits for the flushers, either waits for it or
+// sees no flusher start.
 func (l *Locker) handOn(b *batcher) {
-	batch := b.take()
-	if batch == nil {
-		return
+	b.mu.Lock()
+	batch := b.takeLocked()
+	if batch != nil {
+		l.flushes.Add(1)
 	}
-	l.flushes.Add(1)
-	go l.flush(b, batch)
+	b.mu.Unlock()
+	if batch != nil {
+		go l.flush(b, batch)
+	}
 }
 
 // take returns up to maxBatch calls' worth of the queue (the first entry
 // always), marked taken, or gives the slot back and returns nil when none
-// queued.
+// queued (or the Locker closed: the queued calls then fail, unsent).
 func (b *batcher) take() []*entry {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	return b.takeLocked()
+}
+
+func (b *batcher) takeLocked() []*entry {
+	if b.closed {
+		b.failQueued(errClosed)
+	}
 	if len(b.queue) == 0 {
 		b.inflight--
 		return nil
@@ -232,5 +255,36 @@ func (l *Locker) flush(b *batcher, batch []*entry) {
 			close(e.done)
 		}
 		batch = b.take()
+	}
+}
+
+// failQueued answers every queued call with err: none was sent.
+func (b *batcher) failQueued(err error) {
+	for _, e := range b.queue {
+		for _, c := range e.calls {
+			c.err, c.acked = err, nil
+		}
+		e.state = answered
+		close(e.done)
+	}
+	b.queue, b.queued = nil, 0
+}
+
+// closeBatchers stops every batcher sending what queues: the calls queued
+// now and later fail with errClosed, unsent (Close). Pipelines already in
+// flight finish; Close waits for their flushers.
+func (l *Locker) closeBatchers() {
+	l.bmu.Lock()
+	l.bclosed = true
+	bs := []*batcher{&l.direct}
+	for _, b := range l.batchers {
+		bs = append(bs, b)
+	}
+	l.bmu.Unlock()
+	for _, b := range bs {
+		b.mu.Lock()
+		b.closed = true
+		b.failQueued(errClosed)
+		b.mu.Unlock()
 	}
 }

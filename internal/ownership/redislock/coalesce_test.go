@@ -396,3 +396,54 @@ func TestCloseWaitsForPipelines(t *testing.T) {
 		<-ch // acquired before or while closing: either way answered
 	}
 }
+
+// Close while the Locker's own pipelines are in flight (sent alone, on
+// their callers' goroutines) and other calls queue behind them: no
+// pipeline is sent after Close returns, the queued callers are told the
+// Locker closed, and none of them leaves a lock in Redis for its TTL
+// (before, the queued acquisitions were sent by a flusher that started
+// after Close had returned, acquired, and their clean-up was dropped).
+func TestCloseSendsNoQueuedCalls(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedisServerWith(t, testenv.RedisServerOptions{Args: []string{"--enable-debug-command", "yes"}})
+	l, log := coalescing(t, srv, redislock.Config{WaitTime: 30 * time.Second})
+	admin := srv.Client(t)
+	ctx := context.Background()
+	stalled := srv.Stall(t, 1500*time.Millisecond)
+	busy := acquireAll(ctx, l, []string{"busy0", "busy1"})
+	for range busy {
+		select {
+		case <-log.alone:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the busy acquisitions were not sent")
+		}
+	}
+	keys := keysN("queued", 3)
+	got := acquireAll(ctx, l, keys)
+	require.Eventually(t, func() bool { return redislock.Queued(l) == len(keys) }, 10*time.Second, time.Millisecond)
+	require.NoError(t, l.Close())
+	log.mu.Lock()
+	before := len(log.sent)
+	log.mu.Unlock()
+	for i, ch := range got {
+		select {
+		case r := <-ch:
+			require.ErrorIs(t, r.err, ownership.ErrUnavailable, "queued%d", i)
+		case <-time.After(20 * time.Second):
+			t.Fatalf("queued%d did not return after Close", i)
+		}
+	}
+	<-stalled
+	for _, ch := range busy {
+		<-ch // sent before Close: acquired or not, either way answered
+	}
+	log.mu.Lock()
+	after := log.sent[before:]
+	log.mu.Unlock()
+	require.Empty(t, after, "pipelines sent after Close returned")
+	for _, k := range keys {
+		n, err := admin.Exists(ctx, "co:{"+k+"}:lock").Result()
+		require.NoError(t, err)
+		require.Zero(t, n, "a lock of %s acquired after Close was left for its TTL", k)
+	}
+}

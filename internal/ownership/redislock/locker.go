@@ -61,7 +61,8 @@ type Locker struct {
 	// (coalesce.go).
 	direct   batcher // calls through the client itself
 	bmu      sync.Mutex
-	batchers map[string]*batcher // calls through a node's client, by "node <addr>"
+	batchers map[string]*batcher // by "node <addr>" (a node's client) or "client <addr>" (a cluster's, per master)
+	bclosed  bool                // bmu: new batchers start closed (Close)
 	flushes  sync.WaitGroup      // the goroutines sending queued calls
 
 	pubsub *redis.PubSub
@@ -316,6 +317,7 @@ func (l *Locker) Close() error {
 	l.mu.Lock()
 	l.bgClosed = true
 	l.mu.Unlock()
+	l.closeBatchers()
 	l.closeRedissonSubs()
 	l.wg.Wait()
 	l.flushes.Wait()

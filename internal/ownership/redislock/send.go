@@ -78,10 +78,31 @@ func (l *Locker) do(ctx context.Context, calls ...*call) {
 	if !ok {
 		until = time.Now().Add(retryBudget)
 	}
-	pending := calls
+	l.doUntil(ctx, until, calls)
+}
+
+// doUntil sends pending until each has its outcome. Calls for several
+// nodes go side by side, each node's with resends of their own (NOSCRIPT,
+// MOVED, TRYAGAIN): a node that stops answering holds up only its own
+// calls, and a renewal round's leases on the other masters are renewed in
+// time.
+func (l *Locker) doUntil(ctx context.Context, until time.Time, pending []*call) {
 	for attempt := 0; len(pending) > 0; attempt++ {
+		groups := l.route(ctx, pending)
+		if len(groups) > 1 {
+			var wg sync.WaitGroup
+			for _, g := range groups {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					l.doUntil(ctx, until, g.calls)
+				}()
+			}
+			wg.Wait()
+			return
+		}
 		var now, later []*call
-		for _, g := range l.route(ctx, pending) {
+		for _, g := range groups {
 			l.pipe(ctx, g)
 			for _, c := range g.calls {
 				switch redirect(c) {
@@ -246,6 +267,11 @@ func (l *Locker) pipe(ctx context.Context, g *group) {
 	// the writes on their connection, and a redirect goes to a node the
 	// client may not map yet: those go through the node's client.
 	t := target{client: l.client, node: g.node, addr: g.addr}
+	if l.cluster {
+		// One queue per master also here: a stalled master's calls must not
+		// fill the pipelines that the other masters' calls wait for.
+		t.key = "client " + g.addr
+	}
 	if need > 0 {
 		t.client, t.key = g.node, "node "+g.addr
 	} else {
@@ -260,7 +286,7 @@ func (l *Locker) pipe(ctx context.Context, g *group) {
 
 // target is where a pipeline goes: the client it is sent on, and the node
 // (and its address) whose replicas a WAIT counts. key names its batcher
-// ("" for the client itself).
+// ("" for a single node's client itself; on a cluster, one per master).
 type target struct {
 	key    string
 	client redis.UniversalClient
